@@ -1,0 +1,50 @@
+# datamount: set-up, tests, lint and demo. Every target installs what it needs
+# on a fresh Debian machine with Python 3.11 (venv, pip, npm for Azurite,
+# fuse3 through apt-get when fusermount3 is missing).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NODE_STAMP := node_modules/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup test lint demo bench clean system-deps
+
+setup: system-deps $(STAMP) $(NODE_STAMP)
+
+# System packages: fusermount3 (FUSE mounts), npm (Azurite), python3-venv.
+system-deps:
+	@missing=""; \
+	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
+	$(PYTHON) -c "import venv, ensurepip" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:$$missing"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+$(NODE_STAMP): package.json
+	npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: setup
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/mypy
+
+demo: setup
+	$(BIN)/python scripts/demo.py
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .demo

@@ -1,0 +1,70 @@
+"""How a resolved location authenticates: a value type whose secrets never
+appear in repr(), str(), logs or errors.
+
+Imports nothing from the project. The storage layer turns a `Credential` into
+an SDK credential; nothing else reveals the secret.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Secret:
+    """A string that prints as '***'. Call `reveal()` only at the SDK boundary."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+
+class CredentialKind(StrEnum):
+    ANONYMOUS = "anonymous"
+    ACCOUNT_KEY = "account_key"
+    SAS = "sas"
+    USER_IDENTITY = "user_identity"  # DefaultAzureCredential, Azure CLI first
+    MANAGED_IDENTITY = "managed_identity"
+
+
+@dataclass(frozen=True)
+class Credential:
+    kind: CredentialKind = CredentialKind.ANONYMOUS
+    secret: Secret | None = None  # account key or SAS token
+    client_id: str | None = None  # managed identity client id, if given
+
+    @classmethod
+    def anonymous(cls) -> Credential:
+        return cls(CredentialKind.ANONYMOUS)
+
+    @classmethod
+    def account_key(cls, key: str) -> Credential:
+        return cls(CredentialKind.ACCOUNT_KEY, Secret(key))
+
+    @classmethod
+    def sas(cls, token: str) -> Credential:
+        return cls(CredentialKind.SAS, Secret(token.lstrip("?")))
+
+    def describe(self) -> str:
+        """A loggable description: the kind only, never the secret."""
+        if self.kind is CredentialKind.MANAGED_IDENTITY and self.client_id:
+            return f"managed_identity(client_id={self.client_id})"
+        return self.kind.value

@@ -1,0 +1,115 @@
+"""The project's exceptions: each carries an exit code (CLI) and, for storage
+errors, an errno (FUSE and OS callers).
+
+Imports nothing from the project. Storage backends never raise these classes
+directly from SDK code: `storage.errors.translate` maps service errors onto them
+through one table.
+"""
+
+from __future__ import annotations
+
+import errno
+
+# Exit codes of the CLI. 2 follows the argparse / Unix convention for bad input.
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_INVALID = 2  # spec, settings, workspace or URI problems: nothing was started
+EXIT_DATA = 3  # data could not be prepared (inputs)
+EXIT_OUTPUTS = 4  # outputs could not be written
+
+
+class DatamountError(Exception):
+    """A failure with one clear, user-facing line (no traceback)."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidInput(DatamountError):
+    """Bad spec, URI, workspace or setting: reported before anything starts.
+
+    `problems` holds one line per problem (each names the input and field).
+    """
+
+    exit_code = EXIT_INVALID
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class SpecError(InvalidInput):
+    """The job spec does not follow the Azure ML rules."""
+
+
+class UriError(InvalidInput):
+    """A path could not be parsed into a Location."""
+
+
+class WorkspaceError(InvalidInput):
+    """A datastore, data asset or variable named by the spec is missing or bad."""
+
+
+class SettingsError(InvalidInput):
+    """An environment variable holds a value of the wrong shape."""
+
+
+class StorageError(OSError):
+    """A storage request failed. Subclasses fix the errno.
+
+    `transient` tells the retry policy the request may succeed if repeated;
+    `retry_after` is the server's hint in seconds (Retry-After), if any.
+    """
+
+    default_errno = errno.EIO
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool = False,
+        retry_after: float | None = None,
+        status: int | None = None,
+        err: int | None = None,
+    ) -> None:
+        super().__init__(err if err is not None else self.default_errno, message)
+        self.transient = transient
+        self.retry_after = retry_after
+        self.status = status
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class ObjectNotFound(StorageError, FileNotFoundError):
+    default_errno = errno.ENOENT
+
+
+class AccessDenied(StorageError, PermissionError):
+    default_errno = errno.EACCES
+
+
+class VersionChanged(StorageError):
+    """The object changed since its etag was pinned (HTTP 412 on If-Match)."""
+
+    default_errno = errno.ESTALE
+
+
+class Conflict(StorageError):
+    default_errno = errno.EEXIST
+
+
+class Throttled(StorageError):
+    """429 / 503 after every retry was spent."""
+
+    default_errno = errno.EAGAIN
+
+
+class BadRequest(StorageError):
+    default_errno = errno.EINVAL

@@ -1,0 +1,347 @@
+"""Typed settings of the runtime, read once from an environment mapping.
+
+One job: turn the Azure ML data-runtime variables (DESIGN.md §3) and
+datamount's own DATAMOUNT_* knobs into one validated, frozen `Settings` value.
+`Settings.from_env(environ)` is the only entry point the CLI needs; it never
+reads `os.environ` itself (the CLI passes it in), so no module below the CLI
+depends on ambient state. No threads. Imports only `datamount.errors` from the
+project.
+
+Units: sizes accept plain bytes or a K/M/G/T suffix (KB, MiB, "1.5 GB", any
+case). Like Azure ML, every suffix is binary: 1 KB = 1024 bytes, 1 MB = 1024**2.
+An empty variable counts as unset. A bad value raises `SettingsError` with one
+line per bad variable, naming it and the value; pydantic's ValidationError
+never escapes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from datamount.errors import SettingsError
+
+KB = 1024
+MB = 1024 * KB
+GB = 1024 * MB
+TB = 1024 * GB
+
+_UNITS = {"": 1, "B": 1, "K": KB, "M": MB, "G": GB, "T": TB}
+_SIZE_RE = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:([KMGT])(?:I?B)?|(B))?$", re.I)
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no"}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_SECRET_WORDS = ("key", "token", "secret", "sas", "password")
+MASK = "***"
+
+
+def parse_size(text: str) -> int:
+    """'1048576', '512KB', '2 MiB', '1.5g', '-10GB' -> bytes (binary units).
+
+    Fractions of a byte are dropped. Raises ValueError on anything else.
+    """
+    match = _SIZE_RE.match(text.strip())
+    if match is None:
+        raise ValueError(f"not a size: {text!r}")
+    number, unit, _bytes = match.groups()
+    return int(Decimal(number) * _UNITS[(unit or "").upper()])
+
+
+def format_size(n: int) -> str:
+    """Bytes -> the shortest exact form parse_size reads back: 2097152 -> '2MB'.
+
+    Uses the largest unit that shows the value with at most two decimals
+    exactly ('1.5GB'); otherwise plain bytes.
+    """
+    sign, magnitude = ("-", -n) if n < 0 else ("", n)
+    for suffix, unit in (("TB", TB), ("GB", GB), ("MB", MB), ("KB", KB)):
+        if magnitude >= unit and (magnitude * 100) % unit == 0:
+            number = f"{Decimal(magnitude * 100 // unit) / 100:f}"
+            if "." in number:
+                number = number.rstrip("0").rstrip(".")
+            return f"{sign}{number}{suffix}"
+    return f"{sign}{magnitude}"
+
+
+def parse_bool(text: str) -> bool:
+    """true/false, 1/0, yes/no (any case). Raises ValueError on anything else."""
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+# --- field types: parse strings, then check bounds; errors become one line each ----
+
+
+def _error(message: str) -> PydanticCustomError:
+    return PydanticCustomError("datamount_setting", message)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def _parser(parse: Callable[[str], Any], message: str) -> BeforeValidator:
+    """A before-validator: strings go through `parse`; a ValueError becomes `message`."""
+
+    def before(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return parse(value.strip())
+        except ValueError:
+            raise _error(message) from None
+
+    return BeforeValidator(before)
+
+
+_TO_SIZE = _parser(parse_size, "not a size (use bytes or a KB/MB/GB suffix)")
+_TO_INT = _parser(int, "not an integer")
+_TO_FLOAT = _parser(_finite, "not a number")
+_TO_BOOL = _parser(parse_bool, "not a boolean (use true/false, 1/0 or yes/no)")
+
+
+def _at_least(low: float, what: str) -> AfterValidator:
+    def check(value: Any) -> Any:
+        if value is not None and value < low:
+            raise _error(what)
+        return value
+
+    return AfterValidator(check)
+
+
+def _fraction(value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise _error("must be a fraction in (0, 1]")
+    return value
+
+
+def _log_level(text: str) -> str:
+    name = {"WARN": "WARNING"}.get(text.upper(), text.upper())
+    if name not in _LOG_LEVELS:
+        raise ValueError(text)
+    return name
+
+
+_NON_NEGATIVE = _at_least(0, "must not be negative")
+Size = Annotated[int, _TO_SIZE, _NON_NEGATIVE]
+Count = Annotated[int, _TO_INT, _NON_NEGATIVE]
+Threads = Annotated[int, _TO_INT, _at_least(1, "must be >= 1")]
+Seconds = Annotated[float, _TO_FLOAT, _NON_NEGATIVE]
+Fraction = Annotated[float, _TO_FLOAT, AfterValidator(_fraction)]
+Flag = Annotated[bool, _TO_BOOL]
+# Optional values: validators wrap the whole union, so a bad value is one error, not one per branch.
+OptionalCount = Annotated[int | None, _TO_INT, _NON_NEGATIVE]
+OptionalSignedSize = Annotated[int | None, _TO_SIZE]
+LogLevel = Annotated[
+    str, _parser(_log_level, f"not a log level (use one of {', '.join(_LOG_LEVELS)})")
+]
+BlockSize = Annotated[int, _TO_SIZE, _at_least(4 * KB, "must be at least 4KB")]
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
+    """$XDG_CACHE_HOME/datamount, else $HOME/.cache/datamount, else /tmp/datamount-cache."""
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "datamount"
+    if environ.get("HOME"):
+        return Path(environ["HOME"]) / ".cache" / "datamount"
+    return Path("/tmp/datamount-cache")
+
+
+class Settings(BaseSettings):
+    """Every knob of the runtime. Field names are snake_case; each is aliased to
+    its environment variable. Sizes are bytes."""
+
+    model_config = SettingsConfigDict(populate_by_name=True, frozen=True, extra="ignore")
+
+    downloader_threads: Threads = Field(
+        default_factory=lambda: _cores() * 4, alias="RSLEX_DOWNLOADER_THREADS"
+    )
+    http_retry_count: Count = Field(7, alias="AZUREML_DATASET_HTTP_RETRY_COUNT")
+    # None: attributes never expire (read-only mounts); rw mounts pick a finite TTL.
+    attribute_cache_ttl_ms: OptionalCount = Field(None, alias="DATASET_MOUNT_ATTRIBUTE_CACHE_TTL")
+    reserved_free_disk_space: Size = Field(150 * MB, alias="DATASET_RESERVED_FREE_DISK_SPACE")
+    # None: unlimited. Negative: leave that many bytes of the disk free. See cache_limit().
+    cache_size: OptionalSignedSize = Field(None, alias="DATASET_MOUNT_CACHE_SIZE")
+    prune_threshold: Fraction = Field(1.0, alias="DATASET_MOUNT_FILE_CACHE_PRUNE_THRESHOLD")
+    prune_target: Fraction = Field(0.7, alias="DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET")
+    read_block_size: BlockSize = Field(2 * MB, alias="DATASET_MOUNT_READ_BLOCK_SIZE")
+    read_buffer_block_count: Count = Field(32, alias="DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT")
+    read_threads: Threads = Field(
+        default_factory=lambda: _cores() * 4, alias="DATASET_MOUNT_READ_THREADS"
+    )
+    block_based_cache_enabled: Flag = Field(True, alias="DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED")
+    memory_cache_size: Size = Field(128 * MB, alias="DATASET_MOUNT_MEMORY_CACHE_SIZE")
+    block_file_cache_enabled: Flag = Field(True, alias="DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED")
+    block_file_cache_max_queue_size: Size = Field(
+        512 * MB, alias="DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE"
+    )
+    block_file_cache_write_threads: Threads = Field(
+        default_factory=lambda: _cores() * 2, alias="DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS"
+    )
+    unmount_timeout_seconds: Seconds = Field(30.0, alias="DATASET_UNMOUNT_TIMEOUT_SECONDS")
+
+    cache_dir: Path = Field(
+        default_factory=lambda: default_cache_dir({}), alias="DATAMOUNT_CACHE_DIR"
+    )
+    log_dir: Path = Field(alias="DATAMOUNT_LOG_DIR")  # default <cache_dir>/logs, see below
+    # None: the CLI uses ./configs/workspace.yaml
+    workspace: Path | None = Field(None, alias="DATAMOUNT_WORKSPACE")
+    log_level: LogLevel = Field("INFO", alias="DATAMOUNT_LOG_LEVEL")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Only explicit arguments: from_env() hands the environment in, nothing ambient.
+        return (init_settings,)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_log_dir(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not {"log_dir", "DATAMOUNT_LOG_DIR"} & data.keys():
+            cache_dir = data.get("cache_dir", data.get("DATAMOUNT_CACHE_DIR"))
+            base = default_cache_dir({}) if cache_dir is None else Path(cache_dir)
+            data = {**data, "log_dir": base / "logs"}
+        return data
+
+    @model_validator(mode="after")
+    def _target_within_threshold(self) -> Settings:
+        if self.prune_target > self.prune_threshold:
+            raise _error(
+                f"DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET={self.prune_target}: must not exceed "
+                f"DATASET_MOUNT_FILE_CACHE_PRUNE_THRESHOLD={self.prune_threshold}"
+            )
+        return self
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str], *, cpu_count: int | None = None, **overrides: Any
+    ) -> Settings:
+        """Read the known variables from `environ` (others are ignored).
+
+        `cpu_count` fixes the cores the thread defaults scale with (default:
+        os.cpu_count()). `overrides` are field names (e.g. cache_dir from a CLI
+        flag) and win over the environment; an override of None is ignored so
+        the CLI can pass its optional flags straight through.
+        """
+        cores = cpu_count if cpu_count is not None else _cores()
+        if cores < 1:
+            raise ValueError(f"cpu_count must be >= 1, not {cores}")
+        unknown = overrides.keys() - cls.model_fields.keys()
+        if unknown:
+            raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+        data: dict[str, Any] = {
+            "downloader_threads": cores * 4,
+            "read_threads": cores * 4,
+            "block_file_cache_write_threads": cores * 2,
+            "cache_dir": default_cache_dir(environ),
+        }
+        names = cls.env_names()
+        for name, env_name in names.items():
+            value = environ.get(env_name, "")
+            if value.strip():
+                data.pop(name, None)
+                data[env_name] = value
+        for name, value in overrides.items():
+            if value is not None:
+                data.pop(names[name], None)
+                data[name] = value
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            raise SettingsError(_problems(exc, data, names)) from None
+
+    @classmethod
+    def env_names(cls) -> dict[str, str]:
+        """Field name -> environment variable name."""
+        return {name: f.alias or name.upper() for name, f in cls.model_fields.items()}
+
+    def cache_limit(self, free_bytes: int, used_bytes: int) -> int:
+        """Bytes the disk cache may hold in total, now that it holds `used_bytes`
+        and its filesystem has `free_bytes` free.
+
+        The cache never eats into reserved_free_disk_space; a positive cache_size
+        caps it; a negative cache_size keeps that many bytes of the disk free
+        (whichever of the two reserves is larger wins).
+        """
+        reserve = self.reserved_free_disk_space
+        if self.cache_size is not None and self.cache_size < 0:
+            reserve = max(reserve, -self.cache_size)
+        limit = used_bytes + max(0, free_bytes - reserve)
+        if self.cache_size is not None and self.cache_size >= 0:
+            limit = min(limit, self.cache_size)
+        return limit
+
+    def describe(self) -> list[str]:
+        """The effective settings as 'ENV_NAME=value' lines for the runtime log."""
+        lines = []
+        for name, env_name in self.env_names().items():
+            value = getattr(self, name)
+            if any(word in f"{name} {env_name}".lower() for word in _SECRET_WORDS):
+                shown = MASK
+            elif value is None:
+                shown = {"cache_size": "unlimited", "attribute_cache_ttl_ms": "never"}.get(
+                    name, "unset"
+                )
+            elif isinstance(value, float) and value.is_integer():
+                shown = str(int(value))
+            elif isinstance(value, bool):
+                shown = str(value).lower()
+            elif name in _SIZE_FIELDS:
+                shown = format_size(value)
+            else:
+                shown = str(value)
+            lines.append(f"{env_name}={shown}")
+        return lines
+
+
+_SIZE_FIELDS = frozenset(
+    name for name, field in Settings.model_fields.items() if _TO_SIZE in field.metadata
+)
+
+
+def _problems(
+    exc: ValidationError, data: Mapping[str, Any], aliases: Mapping[str, str]
+) -> list[str]:
+    """One line per bad variable: NAME='value': what is wrong."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for error in exc.errors():
+        loc = error["loc"]
+        if not loc:
+            problems.append(error["msg"])
+            continue
+        key = str(loc[0])
+        if key in seen:
+            continue  # one line per variable: the first problem is enough to fix it
+        seen.add(key)
+        label = f"{aliases[key]} (override {key})" if key in aliases else key
+        value = data.get(key, error.get("input"))
+        problems.append(f"{label}={value!r}: {error['msg']}")
+    return problems

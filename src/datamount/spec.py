@@ -1,0 +1,373 @@
+"""Job specs: the three shapes of DESIGN.md §1 and the Azure ML type × mode table.
+
+`load_spec(path)` / `parse_spec(mapping)` return a `JobSpec` or raise
+`SpecError` carrying one line per problem, each naming the input and field.
+Parsing is pure: no network, no workspace lookups. Imports `errors`, `uris`.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from datamount.errors import SpecError, UriError
+from datamount.uris import Location, parse
+
+
+class DataType(StrEnum):
+    URI_FILE = "uri_file"
+    URI_FOLDER = "uri_folder"
+    MLTABLE = "mltable"
+
+
+class Mode(StrEnum):
+    RO_MOUNT = "ro_mount"
+    RW_MOUNT = "rw_mount"
+    DOWNLOAD = "download"
+    UPLOAD = "upload"
+    DIRECT = "direct"
+    EVAL_MOUNT = "eval_mount"
+    EVAL_DOWNLOAD = "eval_download"
+
+
+Direction = Literal["input", "output"]
+
+# Exactly the Azure ML table (DESIGN.md §1).
+ALLOWED_MODES: dict[tuple[Direction, DataType], tuple[Mode, ...]] = {
+    ("input", DataType.URI_FILE): (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT),
+    ("input", DataType.URI_FOLDER): (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT),
+    ("input", DataType.MLTABLE): (
+        Mode.DOWNLOAD,
+        Mode.RO_MOUNT,
+        Mode.DIRECT,
+        Mode.EVAL_DOWNLOAD,
+        Mode.EVAL_MOUNT,
+    ),
+    ("output", DataType.URI_FILE): (Mode.UPLOAD, Mode.RW_MOUNT),
+    ("output", DataType.URI_FOLDER): (Mode.UPLOAD, Mode.RW_MOUNT),
+    ("output", DataType.MLTABLE): (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT),
+}
+DEFAULT_MODE: dict[Direction, Mode] = {"input": Mode.RO_MOUNT, "output": Mode.RW_MOUNT}
+LITERAL_TYPES = {"integer": int, "number": float, "boolean": bool, "string": str}
+DEFAULT_DATASTORE = "workspaceblobstore"
+SINGLE_INPUT_NAME = "input"
+_REFERENCE = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
+
+
+class IdentityKind(StrEnum):
+    USER_IDENTITY = "user_identity"
+    MANAGED_IDENTITY = "managed_identity"
+    AML_TOKEN = "aml_token"  # the job's token: datastore credentials apply
+
+
+class Identity(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: IdentityKind
+    client_id: str | None = None
+
+
+class DataInput(BaseModel):
+    """A data input or output. `location` is the parsed `path`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    name: str = Field(exclude=True)
+    direction: Direction = Field(exclude=True)
+    type: DataType
+    path: str
+    mode: Mode
+    location: Location = Field(exclude=True)
+    description: str | None = None
+    identity: Identity | None = None
+    asset_name: str | None = None  # outputs: register the result as this data asset
+    asset_version: str | None = None
+    path_was_default: bool = Field(default=False, exclude=True)
+
+
+class LiteralInput(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    name: str
+    value: str | int | float | bool | None
+
+    def render(self) -> str:
+        if isinstance(self.value, bool):
+            return "True" if self.value else "False"  # Azure ML renders Python-style
+        return "" if self.value is None else str(self.value)
+
+
+class JobSpec(BaseModel):
+    """A parsed spec, whatever its shape. Unknown job keys are kept in `extra`."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    shape: Literal["single", "named", "command"]
+    name: str
+    inputs: dict[str, DataInput | LiteralInput] = {}
+    outputs: dict[str, DataInput] = {}
+    command: str | None = None
+    code: str | None = None
+    environment_variables: dict[str, str] = {}
+    identity: Identity | None = None
+    extra: dict[str, Any] = {}
+    source: Path | None = None
+
+    @property
+    def data_inputs(self) -> dict[str, DataInput]:
+        return {k: v for k, v in self.inputs.items() if isinstance(v, DataInput)}
+
+    def entry(self, name: str | None) -> DataInput:
+        """The one data input/output named `name` (or the only one)."""
+        entries = {**self.data_inputs, **self.outputs}
+        if name is None:
+            if len(entries) == 1:
+                return next(iter(entries.values()))
+            choices = ", ".join(sorted(entries)) or "none"
+            raise SpecError(
+                f"the spec has several data entries; choose one with --input ({choices})"
+            )
+        if name not in entries:
+            choices = ", ".join(sorted(entries)) or "none"
+            raise SpecError(f"--input {name}: no such input or output; the spec has: {choices}")
+        return entries[name]
+
+
+def load_spec(path: Path) -> JobSpec:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
+    return parse_spec(data, source=path)
+
+
+def parse_spec(data: object, *, source: Path | None = None) -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source or 'spec'}: expected a YAML mapping at the top level")
+    problems: list[str] = []
+    shape = _shape(data)
+    default_name = source.stem if source else "job"
+    job_name = str(data.get("name") or default_name) if shape == "command" else default_name
+    identity = _identity(data.get("identity"), "identity", problems) if shape == "command" else None
+
+    inputs: dict[str, DataInput | LiteralInput] = {}
+    outputs: dict[str, DataInput] = {}
+    if shape == "single":
+        entry = _data(SINGLE_INPUT_NAME, "input", data, SINGLE_INPUT_NAME, job_name, problems)
+        if entry:
+            inputs[SINGLE_INPUT_NAME] = entry
+    else:
+        for name, value in _mapping(data, "inputs", problems).items():
+            entry_in = _input(str(name), value, job_name, problems)
+            if entry_in:
+                inputs[str(name)] = entry_in
+        for name, value in _mapping(data, "outputs", problems).items():
+            entry_out = _data(
+                str(name), "output", value or {}, f"outputs.{name}", job_name, problems
+            )
+            if entry_out:
+                outputs[str(name)] = entry_out
+    env = _mapping(data, "environment_variables", problems)
+    command = data.get("command")
+    if shape == "command":
+        if not isinstance(command, str) or not command.strip():
+            problems.append("command: a command job needs a non-empty 'command' string")
+        else:
+            problems += _check_references(command, data)
+    if problems:
+        raise SpecError(problems)
+    known = {"inputs", "outputs", "command", "code", "environment_variables", "identity", "name"}
+    return JobSpec(
+        shape=shape,
+        name=job_name,
+        inputs=inputs,
+        outputs=outputs,
+        command=command if shape == "command" else None,
+        code=str(data["code"]) if data.get("code") is not None else None,
+        environment_variables={str(k): _env_value(v) for k, v in env.items()},
+        identity=identity,
+        extra={k: v for k, v in data.items() if k not in known} if shape != "single" else {},
+        source=source,
+    )
+
+
+def _shape(data: dict[str, Any]) -> Literal["single", "named", "command"]:
+    if "command" in data or "$schema" in data or data.get("type") == "command":
+        return "command"
+    if "inputs" in data or "outputs" in data:
+        return "named"
+    if data.get("type") in ("pipeline", "sweep", "parallel", "spark"):
+        raise SpecError(f"type: {data['type']!r} jobs are not supported; use a command job")
+    if "type" in data or "path" in data:
+        return "single"
+    raise SpecError(
+        "spec: expected one input (type/path/mode), an inputs:/outputs: map, "
+        "or an Azure ML command job (command:)"
+    )
+
+
+def _mapping(data: dict[str, Any], key: str, problems: list[str]) -> dict[Any, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(
+            f"{key}: expected a mapping of names to entries, got {type(value).__name__}"
+        )
+        return {}
+    return value
+
+
+def _input(
+    name: str, value: object, job_name: str, problems: list[str]
+) -> DataInput | LiteralInput | None:
+    where = f"inputs.{name}"
+    if not isinstance(value, dict):
+        if isinstance(value, list):
+            problems.append(f"{where}: a list is not an input value")
+            return None
+        return LiteralInput(name=name, value=value)  # type: ignore[arg-type]
+    kind = value.get("type")
+    if kind in LITERAL_TYPES:
+        extra = set(value) - {"type", "default", "value", "description", "optional", "min", "max"}
+        if extra:
+            problems.append(f"{where}: unknown keys for a {kind} input: {', '.join(sorted(extra))}")
+        literal = value.get("value", value.get("default"))
+        try:
+            literal = LITERAL_TYPES[kind](literal) if literal is not None else None
+        except (TypeError, ValueError):
+            problems.append(f"{where}.value: {literal!r} is not a valid {kind}")
+            return None
+        return LiteralInput(name=name, value=literal)
+    return _data(name, "input", value, where, job_name, problems)
+
+
+def _data(
+    name: str,
+    direction: Direction,
+    raw: object,
+    where: str,
+    job_name: str,
+    problems: list[str],
+) -> DataInput | None:
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected a mapping with type/path/mode")
+        return None
+    before = len(problems)
+    data_types = ", ".join(t.value for t in DataType)
+    type_raw = raw.get("type", DataType.URI_FOLDER.value if direction == "output" else None)
+    if type_raw is None:
+        problems.append(f"{where}.type: required; allowed: {data_types}")
+    elif type_raw not in DataType.__members__.values():
+        problems.append(f"{where}.type: {type_raw!r} is not a data type; allowed: {data_types}")
+    data_type = DataType(str(type_raw)) if type_raw in DataType.__members__.values() else None
+
+    mode_raw = raw.get("mode", DEFAULT_MODE[direction].value)
+    mode = Mode(mode_raw) if mode_raw in Mode.__members__.values() else None
+    if data_type is not None:
+        allowed = ALLOWED_MODES[(direction, data_type)]
+        if mode not in allowed:
+            problems.append(
+                f"{where}.mode: {mode_raw!r} is not allowed for a {data_type.value} {direction}; "
+                f"allowed: {', '.join(m.value for m in allowed)}"
+            )
+    elif mode is None:
+        problems.append(
+            f"{where}.mode: {mode_raw!r} is not a mode; allowed: {', '.join(m.value for m in Mode)}"
+        )
+
+    path = raw.get("path")
+    default_path = False
+    if path is None and direction == "output":
+        path = f"azureml://datastores/{DEFAULT_DATASTORE}/paths/{job_name}/{name}/"
+        default_path = True
+    location = None
+    if path is None:
+        problems.append(f"{where}.path: required for an input")
+    else:
+        try:
+            location = parse(path, f"{where}.path")
+        except UriError as exc:
+            problems += exc.problems
+
+    fields = {k: v for k, v in raw.items() if k not in ("type", "mode", "path", "name", "version")}
+    if direction == "input" and ("name" in raw or "version" in raw):
+        problems.append(f"{where}: 'name'/'version' register outputs; an input cannot have them")
+    identity = _identity(fields.pop("identity", None), f"{where}.identity", problems)
+    if len(problems) > before or data_type is None or mode is None or location is None:
+        return None
+    try:
+        return DataInput(
+            name=name,
+            direction=direction,
+            type=data_type,
+            path=str(path),
+            mode=mode,
+            location=location,
+            identity=identity,
+            asset_name=str(raw["name"]) if raw.get("name") is not None else None,
+            asset_version=str(raw["version"]) if raw.get("version") is not None else None,
+            path_was_default=default_path,
+            **fields,
+        )
+    except ValidationError as exc:
+        problems += [_pydantic_line(where, err) for err in exc.errors()]
+        return None
+
+
+def _identity(raw: object, where: str, problems: list[str]) -> Identity | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = {"type": raw}
+    if isinstance(raw, dict) and raw.get("type") in ("managed", "managed_identity"):
+        raw = {**raw, "type": IdentityKind.MANAGED_IDENTITY.value}
+    try:
+        return Identity.model_validate(raw)
+    except ValidationError:
+        allowed = ", ".join(k.value for k in IdentityKind)
+        problems.append(f"{where}: {raw!r} is not an identity; allowed types: {allowed}")
+        return None
+
+
+def _pydantic_line(where: str, err: Any) -> str:
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    if err.get("type") == "extra_forbidden":
+        return f"{where}.{loc}: unknown key"
+    return f"{where}.{loc}: {err.get('msg')}"
+
+
+def _env_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def _check_references(command: str, data: dict[str, Any]) -> list[str]:
+    """Every ${{inputs.x}} / ${{outputs.y}} must name a declared entry."""
+    problems = []
+    declared = {
+        "inputs": set(map(str, (data.get("inputs") or {}))),
+        "outputs": set(map(str, (data.get("outputs") or {}))),
+    }
+    for ref in _REFERENCE.findall(command):
+        group, _, name = ref.partition(".")
+        if group not in declared or not name:
+            problems.append(
+                f"command: unknown reference ${{{{{ref}}}}}; use ${{{{inputs.<name>}}}} "
+                "or ${{outputs.<name>}}"
+            )
+        elif name not in declared[group]:
+            choices = ", ".join(sorted(declared[group])) or "none"
+            problems.append(
+                f"command: ${{{{{ref}}}}} names no declared {group[:-1]} (declared: {choices})"
+            )
+    return problems

@@ -1,0 +1,342 @@
+"""The workspace registry (datastores, accounts, data assets) and resolution of
+any spec `Location` into a concrete `StorageLocation` with its credential.
+
+There is no cloud service behind it: a YAML file (DESIGN.md §1). Loading
+expands `${VAR}` from the mapping it is given (never os.environ directly) and
+registers every secret with the log redactor. Imports `errors`, `uris`,
+`location`, `credentials`, `log`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from datamount.credentials import Credential, CredentialKind
+from datamount.errors import UriError, WorkspaceError
+from datamount.location import StorageKind, StorageLocation
+from datamount.log import register_secret
+from datamount.uris import DEFAULT_SUFFIX, Location, LocationKind, parse
+
+DEFAULT_WORKSPACE = Path("configs/workspace.yaml")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_MAX_ASSET_DEPTH = 16  # an asset pointing at an asset ... deeper than this is a cycle
+
+
+class Credentials(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    account_key: SecretStr | None = None
+    sas_token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Credentials:
+        if self.account_key and self.sas_token:
+            raise ValueError("give account_key or sas_token, not both")
+        return self
+
+    def credential(self) -> Credential:
+        return _credential(self.account_key, self.sas_token) or Credential.anonymous()
+
+
+class Datastore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["azure_blob", "azure_data_lake_gen2"] = "azure_blob"
+    account_name: str
+    container_name: str | None = None
+    filesystem: str | None = None
+    endpoint: str | None = None  # blob endpoint; default https://<account>.blob.<suffix>
+    endpoint_suffix: str = DEFAULT_SUFFIX
+    protocol: Literal["https", "http"] = "https"
+    credentials: Credentials | None = None
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _container(self) -> Datastore:
+        if not (self.container_name or self.filesystem):
+            key = "filesystem" if self.type == "azure_data_lake_gen2" else "container_name"
+            raise ValueError(f"missing '{key}'")
+        return self
+
+    @property
+    def container(self) -> str:
+        return self.container_name or self.filesystem or ""
+
+
+class Account(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    endpoint: str | None = None
+    endpoint_suffix: str = DEFAULT_SUFFIX
+    account_key: SecretStr | None = None
+    sas_token: SecretStr | None = None
+
+
+class AssetVersion(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    version: str
+    type: Literal["uri_file", "uri_folder", "mltable"]
+    path: str
+    description: str | None = None
+
+
+class WorkspaceConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    datastores: dict[str, Datastore] = Field(default_factory=dict)
+    accounts: dict[str, Account] = Field(default_factory=dict)
+    data_assets: dict[str, list[AssetVersion]] = Field(default_factory=dict)
+
+
+def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Numeric-aware ordering: '10' > '9', '1.10' > '1.9', digits before words."""
+    parts = re.split(r"[.\-_]", version)
+    return tuple((1, int(p)) if p.isdigit() else (0, p) for p in parts)
+
+
+def find_workspace(flag: str | None, environ: Mapping[str, str], cwd: Path) -> Path:
+    """--workspace FILE, else DATAMOUNT_WORKSPACE, else ./configs/workspace.yaml."""
+    if flag:
+        return Path(flag)
+    if environ.get("DATAMOUNT_WORKSPACE"):
+        return Path(environ["DATAMOUNT_WORKSPACE"])
+    return cwd / DEFAULT_WORKSPACE
+
+
+class Workspace:
+    """A loaded registry. `resolve` is pure lookup: no network."""
+
+    def __init__(self, config: WorkspaceConfig, source: Path | None = None) -> None:
+        self.config = config
+        self.source = source
+
+    @classmethod
+    def empty(cls) -> Workspace:
+        return cls(WorkspaceConfig())
+
+    @classmethod
+    def load(cls, path: Path, environ: Mapping[str, str]) -> Workspace:
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise WorkspaceError(
+                f"workspace file {path} not found (use --workspace FILE or DATAMOUNT_WORKSPACE)"
+            ) from None
+        except OSError as exc:
+            raise WorkspaceError(f"workspace file {path}: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise WorkspaceError(f"workspace file {path}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise WorkspaceError(f"workspace file {path}: expected a mapping at the top level")
+        problems: list[str] = []
+        expanded = _expand(data, environ, "", problems)
+        if problems:
+            raise WorkspaceError([f"workspace file {path}: {p}" for p in problems])
+        try:
+            config = WorkspaceConfig.model_validate(expanded)
+        except ValidationError as exc:
+            raise WorkspaceError(
+                [
+                    f"workspace file {path}: {'.'.join(map(str, e['loc']))}: "
+                    f"{e['msg'].removeprefix('Value error, ')}"
+                    for e in exc.errors()
+                ]
+            ) from None
+        for store in config.datastores.values():
+            if store.credentials:
+                _register(store.credentials.account_key, store.credentials.sas_token)
+        for account in config.accounts.values():
+            _register(account.account_key, account.sas_token)
+        return cls(config, path)
+
+    # -- resolution -----------------------------------------------------------
+
+    def resolve(
+        self,
+        location: Location,
+        *,
+        where: str = "path",
+        identity: str | None = None,
+        client_id: str | None = None,
+        base_dir: Path | None = None,
+        expected_type: str | None = None,
+    ) -> StorageLocation:
+        """Turn a parsed path into a concrete location + credential.
+
+        `identity` is 'user_identity' / 'managed_identity' (identity-based
+        access replaces stored credentials) or None / 'aml_token'.
+        """
+        if location.kind is LocationKind.ASSET:
+            location = self._asset_target(location, where, expected_type)
+        if location.kind is LocationKind.LOCAL:
+            base = base_dir or Path.cwd()
+            path = os.path.normpath(base / os.path.expanduser(location.path))
+            return StorageLocation(
+                StorageKind.LOCAL, path + ("/" if location.path.endswith("/") else "")
+            )
+        if location.kind is LocationKind.HTTP:
+            return self._http(location, identity, client_id)
+        if location.kind is LocationKind.DATASTORE:
+            return self._datastore(location, where, identity, client_id)
+        kind = StorageKind.BLOB if location.kind is LocationKind.BLOB else StorageKind.ADLS
+        endpoint, credential = self._account(location.account, location, location.container)
+        return StorageLocation(
+            kind,
+            location.path,
+            account=location.account,
+            container=location.container,
+            endpoint=endpoint,
+            endpoint_suffix=location.endpoint_suffix,
+            credential=_identity_credential(identity, client_id) or credential,
+        )
+
+    def _asset_target(self, location: Location, where: str, expected: str | None) -> Location:
+        seen: list[str] = []
+        while location.kind is LocationKind.ASSET:
+            entry = self.asset(location.asset_name, location.asset_version, where)
+            ref = f"{location.asset_name}:{entry.version}"
+            if ref in seen or len(seen) >= _MAX_ASSET_DEPTH:
+                raise WorkspaceError(f"{where}: data asset cycle: {' -> '.join([*seen, ref])}")
+            seen.append(ref)
+            if expected and entry.type != expected:
+                raise WorkspaceError(
+                    f"{where}: data asset {ref} is a {entry.type}, but the spec declares "
+                    f"type {expected}"
+                )
+            try:
+                location = parse(entry.path, f"data asset {ref} path")
+            except UriError as exc:
+                raise WorkspaceError(exc.problems) from None
+            if location.kind is LocationKind.LOCAL and not os.path.isabs(location.path):
+                raise WorkspaceError(f"{where}: data asset {ref} has a relative local path")
+        return location
+
+    def asset(self, name: str, version: str | None, where: str = "path") -> AssetVersion:
+        versions = self.config.data_assets.get(name)
+        if not versions:
+            known = ", ".join(sorted(self.config.data_assets)) or "none"
+            raise WorkspaceError(
+                f"{where}: data asset {name!r} is not registered in the workspace "
+                f"(registered: {known})"
+            )
+        if version is None:
+            return max(versions, key=lambda v: version_key(v.version))
+        for entry in versions:
+            if entry.version == version:
+                return entry
+        have = ", ".join(sorted((v.version for v in versions), key=version_key))
+        raise WorkspaceError(
+            f"{where}: data asset {name!r} has no version {version!r} (versions: {have})"
+        )
+
+    def _datastore(
+        self, location: Location, where: str, identity: str | None, client_id: str | None
+    ) -> StorageLocation:
+        store = self.config.datastores.get(location.datastore)
+        if store is None:
+            known = ", ".join(sorted(self.config.datastores)) or "none"
+            raise WorkspaceError(
+                f"{where}: datastore {location.datastore!r} is not in the workspace "
+                f"(datastores: {known})"
+            )
+        endpoint = (
+            store.endpoint
+            or f"{store.protocol}://{store.account_name}.blob.{store.endpoint_suffix}"
+        )
+        credential = store.credentials.credential() if store.credentials else None
+        if credential is None:  # fall back to the accounts section, then anonymous
+            _, credential = self._account(store.account_name, location, store.container)
+        kind = StorageKind.ADLS if store.type == "azure_data_lake_gen2" else StorageKind.BLOB
+        return StorageLocation(
+            kind,
+            location.path,
+            account=store.account_name,
+            container=store.container,
+            endpoint=endpoint.rstrip("/"),
+            endpoint_suffix=store.endpoint_suffix,
+            credential=_identity_credential(identity, client_id) or credential,
+        )
+
+    def _account(self, account: str, location: Location, container: str) -> tuple[str, Credential]:
+        """Endpoint and stored credential for an account named by a URI."""
+        scheme = "https" if location.secure else "http"
+        conf = self.config.accounts.get(account)
+        if conf is not None:
+            endpoint = conf.endpoint or f"{scheme}://{account}.blob.{conf.endpoint_suffix}"
+            credential = _credential(conf.account_key, conf.sas_token)
+            return endpoint.rstrip("/"), credential or self._datastore_credential(
+                account, container
+            )
+        suffix = location.endpoint_suffix
+        return f"{scheme}://{account}.blob.{suffix}", self._datastore_credential(account, container)
+
+    def _datastore_credential(self, account: str, container: str) -> Credential:
+        """A datastore over the same account and container lends its credential."""
+        for store in self.config.datastores.values():
+            same = store.account_name == account and store.container == container
+            if same and store.credentials:
+                return store.credentials.credential()
+        return Credential.anonymous()
+
+    def _http(
+        self, location: Location, identity: str | None, client_id: str | None
+    ) -> StorageLocation:
+        """A URL under a configured account endpoint (Azurite, sovereign clouds) is blob storage."""
+        url = location.path
+        for name, conf in self.config.accounts.items():
+            if not conf.endpoint:
+                continue
+            base = conf.endpoint.rstrip("/") + "/"
+            if url.startswith(base):
+                container, _, rest = url[len(base) :].partition("/")
+                inner = parse(f"wasbs://{container}@{name}.blob.{conf.endpoint_suffix}/{rest}")
+                inner = Location(**{**inner.__dict__, "secure": url.startswith("https")})
+                return self.resolve(inner, identity=identity, client_id=client_id)
+        return StorageLocation(StorageKind.HTTP, url)
+
+
+def _identity_credential(identity: str | None, client_id: str | None) -> Credential | None:
+    if identity == "user_identity":
+        return Credential(CredentialKind.USER_IDENTITY)
+    if identity == "managed_identity":
+        return Credential(CredentialKind.MANAGED_IDENTITY, client_id=client_id)
+    return None
+
+
+def _credential(key: SecretStr | None, sas: SecretStr | None) -> Credential | None:
+    if key is not None and key.get_secret_value():
+        return Credential.account_key(key.get_secret_value())
+    if sas is not None and sas.get_secret_value():
+        return Credential.sas(sas.get_secret_value())
+    return None
+
+
+def _register(*secrets: SecretStr | None) -> None:
+    for secret in secrets:
+        if secret is not None and secret.get_secret_value():
+            register_secret(secret.get_secret_value())
+
+
+def _expand(value: Any, environ: Mapping[str, str], where: str, problems: list[str]) -> Any:
+    """Replace ${VAR} in every string; a missing variable is a problem naming the key."""
+    if isinstance(value, dict):
+        return {
+            k: _expand(v, environ, f"{where}.{k}" if where else str(k), problems)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_expand(v, environ, f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            problems.append(f"{where}: environment variable {name} is not set")
+            return ""
+        return environ[name]
+
+    return _VAR.sub(sub, value)
