@@ -1,0 +1,98 @@
+"""`make demo`: start an embedded Azurite on 127.0.0.1:10000 (the endpoint of
+configs/workspace.yaml), seed a small dataset, run the CLI on the sample specs
+and read through the storage layer, then stop Azurite — also on failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the test harness's Azurite launcher
+
+from azurite import Azurite  # noqa: E402
+from datamount.spec import load_spec  # noqa: E402
+from datamount.storage import open_store  # noqa: E402
+from datamount.workspace import Workspace  # noqa: E402
+
+PORT = 10000
+DATAMOUNT = str(Path(sys.executable).parent / "datamount")
+TITANIC = b"PassengerId,Survived,Pclass,Name\n1,0,3,Braund\n2,1,1,Cumings\n3,1,3,Heikkinen\n"
+
+
+def seed(azurite: Azurite) -> None:
+    data = azurite.create_container("data")
+    azurite.seed(data, {"titanic.csv": TITANIC, "titanic-v2.csv": TITANIC + b"4,1,1,Futrelle\n"})
+    azurite.seed(
+        data,
+        {
+            f"cifar/batch_{i}/img_{j}.bin": bytes([i * 10 + j]) * 4096
+            for i in range(3)
+            for j in range(4)
+        },
+    )
+    lake = azurite.create_container("lake")
+    azurite.seed(lake, {"events/2024/01/part-0.json": b'{"event": "start"}\n'})
+
+
+def step(title: str, *args: str, env: dict[str, str]) -> None:
+    print(f"\n$ datamount {' '.join(args)}    # {title}", flush=True)
+    result = subprocess.run([DATAMOUNT, *args], env=env, cwd=REPO, text=True, capture_output=True)
+    sys.stdout.write(result.stdout)
+    sys.stdout.write(result.stderr)
+    print(f"(exit {result.returncode})", flush=True)
+
+
+def main() -> int:
+    workdir = REPO / ".demo"
+    env = {
+        **os.environ,
+        "AZURITE_ACCOUNT_KEY": Azurite(workdir).key,
+        "DATAMOUNT_CACHE_DIR": str(workdir / "cache"),
+    }
+    azurite = Azurite(workdir)
+    try:
+        azurite.start(port=PORT)
+    except Exception as exc:
+        print(f"demo: cannot start Azurite on 127.0.0.1:{PORT}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(f"Azurite is up at {azurite.endpoint}; seeding containers 'data' and 'lake'")
+        seed(azurite)
+        for spec in ("input-single.yaml", "inputs-outputs.yaml", "command-job.yaml"):
+            step("a valid spec", "validate", f"configs/{spec}", env=env)
+        step(
+            "every problem, one line each, exit 2",
+            "validate",
+            "configs/invalid-modes.yaml",
+            env=env,
+        )
+        for name in ("train", "titanic", "lake", "model"):
+            step("direct mode", "resolve", "configs/inputs-outputs.yaml", "--input", name, env=env)
+        step("a data asset by label", "resolve", "azureml:titanic@latest", env=env)
+
+        print("\nReading through the storage layer (what mount/download will build on):")
+        workspace = Workspace.load(REPO / "configs" / "workspace.yaml", env)
+        spec = load_spec(REPO / "configs" / "inputs-outputs.yaml")
+        entry = spec.entry("train")
+        location = workspace.resolve(
+            entry.location, base_dir=spec.source.parent if spec.source else None
+        )
+        store = open_store(location)
+        files = [obj for page in store.list_pages(location.key) for obj in page.objects]
+        print(f"  {location.uri()}: {len(files)} blobs, {sum(f.size for f in files)} bytes")
+        titanic = workspace.resolve(spec.entry("titanic").location)
+        head = open_store(titanic).read(titanic.key, 0, 33)
+        print(f"  {titanic.uri()} first bytes: {head!r}")
+        print(f"\nLogs: {workdir / 'cache' / 'logs'}")
+        return 0
+    finally:
+        azurite.stop()
+        print("Azurite stopped.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Storage: the ObjectStore protocol and the store for each kind of location.
+
+`open_store` is the one factory the composition root calls. Only this package
+imports the Azure SDK and requests; everything above it sees `ObjectStore`,
+`ObjectInfo`, `ListPage` and the `datamount.errors` classes.
+
+Imports `location`, `retry` and the modules of this package.
+"""
+
+from __future__ import annotations
+
+from datamount.location import StorageKind, StorageLocation
+from datamount.retry import RetryPolicy
+from datamount.storage.base import ListPage, ObjectInfo, ObjectStore
+
+__all__ = ["ListPage", "ObjectInfo", "ObjectStore", "open_store"]
+
+
+def open_store(
+    location: StorageLocation, *, pool_size: int = 16, retry: RetryPolicy | None = None
+) -> ObjectStore:
+    """The store serving `location`; its keys are `location.key`-style.
+
+    LOCAL → LocalStore rooted at '/'; HTTP → HttpStore rooted at scheme://host;
+    BLOB and ADLS → AzureBlobStore on the container (ADLS through its blob
+    endpoint), sharing one client per (endpoint, container, credential).
+    `pool_size` bounds keep-alive connections; size it to the thread counts.
+    """
+    retry = retry or RetryPolicy()
+    if location.kind is StorageKind.LOCAL:
+        from datamount.storage.local import LocalStore
+
+        return LocalStore("/")
+    if location.kind is StorageKind.HTTP:
+        from datamount.storage.http import HttpStore
+
+        return HttpStore(location.store_root, pool_size=pool_size, retry=retry)
+    if location.is_azure:
+        from datamount.storage.azure_blob import AzureBlobStore
+
+        return AzureBlobStore.from_location(location, pool_size=pool_size, retry=retry)
+    raise ValueError(f"no store for {location.kind}")

@@ -1,0 +1,116 @@
+"""The ObjectStore protocol: the small surface every backend implements.
+
+Read side: list lazily page by page, stat, read a bounded byte range of one
+pinned version. Write side: stage blocks and commit them, put a small object,
+delete, copy. Keys are '/'-separated names inside the store (a blob name in
+a container, a path under the local root, a URL path on an HTTP host).
+
+Implementations (azure_blob, local, http, memory, faults) are thread-safe:
+one store is shared by every worker thread. Errors are `datamount.errors`
+classes (ObjectNotFound, VersionChanged, ...), already through the retry
+policy where the store has one. Imports only `datamount.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from datamount.errors import BadRequest
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object (or, with `is_dir`, a directory where the store has them).
+
+    `etag` identifies the version: the same bytes keep the same etag, and a
+    read pinned to it fails with VersionChanged once the object changes.
+    `last_modified` is a POSIX timestamp.
+    """
+
+    key: str
+    size: int
+    etag: str
+    last_modified: float | None
+    content_md5: bytes | None = None
+    is_dir: bool = False
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """One service page: objects, and with a delimiter the virtual directories
+    (each a key prefix ending with the delimiter)."""
+
+    objects: list[ObjectInfo] = field(default_factory=list)
+    prefixes: list[str] = field(default_factory=list)
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    def list_pages(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ListPage]:
+        """Objects whose key starts with `prefix`, one service page at a time,
+        in key order within a page. Lazy: a page is requested only when the
+        previous one was consumed, so the first entries arrive before the
+        listing is complete. Yields at least one (maybe empty) page.
+
+        With `delimiter` ('/'), keys that contain it after the prefix are
+        folded into `prefixes` (virtual directories, one level)."""
+        ...
+
+    def stat(self, key: str) -> ObjectInfo:
+        """The object's size and version. ObjectNotFound if it does not exist."""
+        ...
+
+    def read(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        """Bytes [offset, offset + length) in one bounded request.
+
+        Fewer bytes near the end, b'' at or after it. With `etag`, the read is
+        pinned to that version: VersionChanged (ESTALE) if it changed.
+        """
+        ...
+
+    def stage_block(self, key: str, block_id: str, data: bytes) -> None:
+        """Upload one uncommitted block. All ids of one object have the same
+        length (an Azure rule), e.g. f"{index:08d}"."""
+        ...
+
+    def commit_blocks(
+        self,
+        key: str,
+        block_ids: list[str],
+        *,
+        content_md5: bytes | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> ObjectInfo:
+        """Make the object the concatenation of the staged blocks, atomically."""
+        ...
+
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        content_md5: bytes | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> ObjectInfo:
+        """Write a small object in one request (replacing any existing one)."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object. ObjectNotFound if it does not exist."""
+        ...
+
+    def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
+        """Copy an object inside the store; returns the new object's info."""
+        ...
+
+    def close(self) -> None:
+        """Release connections. The store must not be used afterwards."""
+        ...
+
+
+def check_range(offset: int, length: int) -> None:
+    """Reject ranges no store can serve (a negative offset or length)."""
+    if offset < 0 or length < 0:
+        raise BadRequest(f"invalid range: offset={offset} length={length}")

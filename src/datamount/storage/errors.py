@@ -1,0 +1,237 @@
+"""The one table from service and transport errors to `datamount.errors`.
+
+Every store wraps each request in `translate(op, key)`; nothing else in the
+project sees an SDK or `requests` exception. Messages are built from the
+operation, the object name, the HTTP status and the service error code, never
+from the SDK's own text (which can hold a URL with a SAS token or a header).
+
+Threads: pure functions, safe anywhere. Imports azure.core, requests, urllib3
+and `datamount.errors`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import errno
+import ssl
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import requests
+import urllib3.exceptions
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+
+from datamount.errors import (
+    AccessDenied,
+    BadRequest,
+    Conflict,
+    ObjectNotFound,
+    StorageError,
+    VersionChanged,
+)
+
+# status → (class, transient). 408/429/5xx may succeed when repeated; the rest
+# is an answer about the request itself and repeating it changes nothing.
+_TABLE: dict[int, tuple[type[StorageError], bool]] = {
+    400: (BadRequest, False),
+    401: (AccessDenied, False),
+    403: (AccessDenied, False),
+    404: (ObjectNotFound, False),
+    409: (Conflict, False),
+    412: (VersionChanged, False),
+    416: (BadRequest, False),
+    408: (StorageError, True),
+    429: (StorageError, True),
+    500: (StorageError, True),
+    502: (StorageError, True),
+    503: (StorageError, True),
+    504: (StorageError, True),
+}
+
+
+def _target(key: str, store: str) -> str:
+    return f"{store.rstrip('/')}/{key}" if store else key
+
+
+def error_for_status(
+    status: int,
+    *,
+    op: str,
+    key: str,
+    store: str = "",
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> StorageError:
+    """The StorageError for an HTTP answer `status` (with service error `code`)."""
+    cls, transient = _TABLE.get(status, (StorageError, False))
+    detail = f"HTTP {status}" + (f" {code}" if code else "")
+    retry_after = parse_retry_after(headers) if headers is not None and transient else None
+    return cls(
+        f"{op} {_target(key, store)!r} failed: {detail}",
+        transient=transient,
+        retry_after=retry_after,
+        status=status,
+    )
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds to wait from Retry-After (delta-seconds or HTTP-date) or *-ms headers."""
+    for name in ("x-ms-retry-after-ms", "retry-after-ms"):
+        value = headers.get(name)
+        if value:
+            try:
+                return max(0.0, float(value) / 1000.0)
+            except ValueError:
+                pass
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _azure_code(exc: HttpResponseError) -> str | None:
+    # azure-storage sets `error_code` (a StorageErrorCode) on the errors it raises.
+    code = getattr(exc, "error_code", None)
+    if code is None:
+        code = (_headers(exc) or {}).get("x-ms-error-code")
+    if code is None:
+        return None
+    return str(getattr(code, "value", code))
+
+
+def _headers(exc: HttpResponseError) -> Mapping[str, str] | None:
+    headers = getattr(exc.response, "headers", None)
+    return headers if isinstance(headers, Mapping) else None
+
+
+def _cert_failure(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(10):  # walk __cause__/__context__ a few links deep
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        args = getattr(seen, "args", ())
+        if any(isinstance(a, ssl.SSLCertVerificationError) for a in args):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def map_error(
+    exc: BaseException, *, op: str = "request", key: str = "", store: str = ""
+) -> StorageError:
+    """The StorageError for `exc` (a service, transport or local error)."""
+    if isinstance(exc, StorageError):
+        return exc
+    target = _target(key, store)
+    if isinstance(exc, ClientAuthenticationError) and (
+        exc.status_code is None or exc.status_code in (401, 403)
+    ):
+        status = exc.status_code
+        detail = f"HTTP {status} {_azure_code(exc) or ''}".strip() if status else "no token"
+        return AccessDenied(
+            f"{op} {target!r} failed: authentication failed ({detail})", status=status
+        )
+    if (
+        isinstance(exc, HttpResponseError)
+        and exc.status_code is not None
+        and exc.status_code >= 300
+    ):
+        return error_for_status(
+            exc.status_code,
+            op=op,
+            key=key,
+            store=store,
+            code=_azure_code(exc),
+            headers=_headers(exc),
+        )
+    if isinstance(exc, requests.HTTPError) and exc.response is not None:
+        r = exc.response
+        return error_for_status(r.status_code, op=op, key=key, store=store, headers=r.headers)
+    if _cert_failure(exc):
+        return StorageError(f"{op} {target!r} failed: TLS certificate verification failed")
+    if isinstance(
+        exc,
+        ServiceRequestError
+        | ServiceResponseError
+        | HttpResponseError  # a body cut short (IncompleteReadError, DecodeError)
+        | requests.ConnectionError
+        | requests.Timeout
+        | requests.exceptions.ChunkedEncodingError
+        | requests.exceptions.ContentDecodingError
+        | urllib3.exceptions.HTTPError
+        | ConnectionError
+        | TimeoutError,
+    ):
+        cause = _root_cause(exc)
+        return StorageError(
+            f"{op} {target!r} failed: {_connection_detail(cause)}",
+            transient=True,
+            err=errno.EIO,
+        )
+    if isinstance(exc, requests.RequestException | AzureError):
+        # Bad URL, too many redirects, unsupported schema: not worth repeating.
+        return StorageError(f"{op} {target!r} failed: {type(exc).__name__}")
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return ObjectNotFound(f"{op} {target!r} failed: no such file")
+    if isinstance(exc, PermissionError):
+        return AccessDenied(f"{op} {target!r} failed: permission denied")
+    if isinstance(exc, OSError):
+        return StorageError(
+            f"{op} {target!r} failed: {exc.strerror or type(exc).__name__}",
+            err=exc.errno if exc.errno is not None else errno.EIO,
+        )
+    return StorageError(f"{op} {target!r} failed: {type(exc).__name__}")
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = exc
+    for _ in range(10):
+        nxt = seen.__cause__ or seen.__context__
+        if nxt is None:
+            break
+        seen = nxt
+    return seen
+
+
+def _connection_detail(cause: BaseException) -> str:
+    if isinstance(cause, ConnectionResetError):
+        return "connection reset"
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(cause, TimeoutError | requests.Timeout | urllib3.exceptions.TimeoutError):
+        return "timed out"
+    return f"connection failed ({type(cause).__name__})"
+
+
+@contextmanager
+def translate(op: str, key: str, *, store: str = "") -> Iterator[None]:
+    """Run a request body; raise any failure as a StorageError from the table.
+
+    Local OSErrors that are not about the object (ENOSPC, EMFILE…) keep their
+    errno but become StorageErrors; programming errors (TypeError…) pass
+    through untouched so bugs stay loud.
+    """
+    try:
+        yield
+    except StorageError:
+        raise
+    except (AzureError, requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise map_error(exc, op=op, key=key, store=store) from None

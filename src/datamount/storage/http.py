@@ -1,0 +1,227 @@
+"""HttpStore: a public http(s) file as a read-only ObjectStore.
+
+The store is rooted at scheme://host; a key is the URL path (and query)
+without its leading '/', as `StorageLocation.key` gives it. stat is a HEAD
+(size from Content-Length, version from ETag or else Last-Modified); read is
+a bounded ranged GET, pinned with If-Match when the server gave a strong ETag
+and checked against the answer's version otherwise. A server that ignores
+Range (200 instead of 206) still gives the right slice: the body is streamed
+up to the end of the range and the connection dropped, and
+`supports_ranges` turns False. Listing yields the one file. Writes raise.
+
+Threads: one pooled requests.Session shared by all threads (urllib3 pools are
+thread-safe); every request goes through the RetryPolicy.
+Imports requests, `retry`, `storage.base`, `storage.errors`, `datamount.errors`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import errno
+import re
+from collections.abc import Iterator, Mapping
+from typing import NoReturn
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from datamount.errors import ObjectNotFound, StorageError, VersionChanged
+from datamount.retry import RetryPolicy
+from datamount.storage.base import ListPage, ObjectInfo, check_range
+from datamount.storage.errors import error_for_status, translate
+
+TIMEOUT = (10.0, 60.0)  # connect, read (seconds between bytes)
+STREAM_CHUNK = 256 << 10
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+LM_PREFIX = "lm:"  # an etag made from Last-Modified (the server gave no ETag)
+# Ranges address the bytes of the file: a gzip-encoded answer would shift them.
+IDENTITY = {"Accept-Encoding": "identity"}
+
+
+def _version(headers: Mapping[str, str]) -> str:
+    etag = headers.get("ETag")
+    if etag:
+        return etag
+    modified = headers.get("Last-Modified")
+    return f"{LM_PREFIX}{modified}" if modified else ""
+
+
+def _last_modified(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Last-Modified")
+    if not value:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+class HttpStore:
+    def __init__(
+        self,
+        root: str,
+        *,
+        pool_size: int = 16,
+        retry: RetryPolicy | None = None,
+        session: requests.Session | None = None,
+    ) -> None:
+        self.root = root.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self.supports_ranges = True
+        self._own_session = session is None
+        self.session = session or requests.Session()
+        if self._own_session:
+            # Our RetryPolicy is the only retry layer: urllib3 retries nothing.
+            adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
+            self.session.mount("http://", adapter)
+            self.session.mount("https://", adapter)
+
+    def __repr__(self) -> str:
+        return f"HttpStore({self.root!r})"
+
+    def _url(self, key: str) -> str:
+        return f"{self.root}/{key.lstrip('/')}"
+
+    @staticmethod
+    def _name(key: str) -> str:
+        # Messages name the path only: a query string may hold a token.
+        return key.split("?", 1)[0]
+
+    def _fail(self, op: str, key: str, r: requests.Response) -> NoReturn:
+        raise error_for_status(
+            r.status_code, op=op, key=self._name(key), store=self.root, headers=r.headers
+        )
+
+    # -- reads -------------------------------------------------------------
+
+    def stat(self, key: str) -> ObjectInfo:
+        return self.retry.call(self._stat, key, description=f"stat {self._name(key)!r}")
+
+    def _stat(self, key: str) -> ObjectInfo:
+        with translate("stat", self._name(key), store=self.root):
+            r = self.session.head(
+                self._url(key), headers=IDENTITY, allow_redirects=True, timeout=TIMEOUT
+            )
+            r.close()
+            length = r.headers.get("Content-Length")
+            if r.status_code in (405, 501) or (r.ok and length is None):
+                return self._stat_by_get(key)
+            if not r.ok:
+                self._fail("stat", key, r)
+            return ObjectInfo(key, int(length or 0), _version(r.headers), _last_modified(r.headers))
+
+    def _stat_by_get(self, key: str) -> ObjectInfo:
+        """For servers without HEAD or Content-Length: GET the first byte."""
+        with self.session.get(
+            self._url(key), headers={"Range": "bytes=0-0", **IDENTITY}, stream=True, timeout=TIMEOUT
+        ) as r:
+            if r.status_code == 416:  # an empty file
+                return ObjectInfo(key, 0, _version(r.headers), _last_modified(r.headers))
+            if not r.ok:
+                self._fail("stat", key, r)
+            m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
+            if r.status_code == 206 and m and m.group(3) != "*":
+                size = int(m.group(3))
+            elif r.headers.get("Content-Length") is not None and r.status_code == 200:
+                size = int(r.headers["Content-Length"])
+            else:
+                size = sum(len(c) for c in r.iter_content(STREAM_CHUNK))
+            return ObjectInfo(key, size, _version(r.headers), _last_modified(r.headers))
+
+    def read(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        check_range(offset, length)
+        if length == 0:
+            return b""
+        return self.retry.call(
+            self._read, key, offset, length, etag, description=f"read {self._name(key)!r}"
+        )
+
+    def _read(self, key: str, offset: int, length: int, etag: str | None) -> bytes:
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}", **IDENTITY}
+        if etag and not etag.startswith((LM_PREFIX, "W/")):
+            headers["If-Match"] = etag  # strong comparison: weak etags never match
+        with (
+            translate("read", self._name(key), store=self.root),
+            self.session.get(self._url(key), headers=headers, stream=True, timeout=TIMEOUT) as r,
+        ):
+            if r.status_code == 416:
+                return b""
+            if not r.ok:
+                self._fail("read", key, r)
+            if etag is not None and _version(r.headers) not in ("", etag):
+                raise VersionChanged(
+                    f"read {self._name(key)!r} failed: the file changed", status=412
+                )
+            if r.status_code == 206:
+                m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
+                if m is None or int(m.group(1)) != offset:
+                    raise StorageError(
+                        f"read {self._name(key)!r} failed: bad Content-Range",
+                        transient=True,
+                        err=errno.EIO,
+                    )
+                return r.content
+            # 200: the server ignored Range. Skip to the slice, stop after it
+            # (closing the response drops the connection instead of draining it).
+            self.supports_ranges = False
+            return _slice(r.iter_content(STREAM_CHUNK), offset, length)
+
+    def list_pages(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ListPage]:
+        try:
+            yield ListPage(objects=[self.stat(prefix)])
+        except ObjectNotFound:
+            yield ListPage()
+
+    # -- writes: a public URL is read-only -----------------------------------
+
+    def _read_only(self, op: str, key: str) -> NoReturn:
+        raise StorageError(
+            f"{op} {self._name(key)!r} failed: an http(s) location is read-only", err=errno.EROFS
+        )
+
+    def stage_block(self, key: str, block_id: str, data: bytes) -> None:
+        self._read_only("stage_block", key)
+
+    def commit_blocks(
+        self,
+        key: str,
+        block_ids: list[str],
+        *,
+        content_md5: bytes | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> ObjectInfo:
+        self._read_only("commit_blocks", key)
+
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        content_md5: bytes | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> ObjectInfo:
+        self._read_only("put", key)
+
+    def delete(self, key: str) -> None:
+        self._read_only("delete", key)
+
+    def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
+        self._read_only("copy", dst_key)
+
+    def close(self) -> None:
+        if self._own_session:
+            self.session.close()
+
+
+def _slice(chunks: Iterator[bytes], offset: int, length: int) -> bytes:
+    out = bytearray()
+    pos = 0
+    end = offset + length
+    for chunk in chunks:
+        lo, hi = max(offset - pos, 0), min(end - pos, len(chunk))
+        if lo < hi:
+            out += chunk[lo:hi]
+        pos += len(chunk)
+        if pos >= end:
+            break
+    return bytes(out)

@@ -1,0 +1,195 @@
+"""Test harness: run a real Azurite blob service on a free loopback port.
+
+One `Azurite` per pytest session (see conftest.py). The process runs in its
+own process group so `stop()` can kill node and anything it spawned; an atexit
+hook stops it when pytest is interrupted, and the kernel sends it SIGTERM
+if pytest is killed outright (PR_SET_PDEATHSIG). Imports the Azure SDK only to
+create and seed containers for tests.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from azure.storage.blob import BlobServiceClient, ContainerClient
+
+REPO = Path(__file__).resolve().parent.parent
+AZURITE_BIN = REPO / "node_modules" / ".bin" / "azurite-blob"
+ACCOUNT = "devstoreaccount1"
+# The well-known Azurite development key (public, documented by Microsoft).
+KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+START_TIMEOUT = 30.0  # node + Azurite start in ~1 s here; a loaded CI box is slower
+
+
+class AzuriteMissing(RuntimeError):
+    pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when pytest dies, even by SIGKILL
+    (where neither atexit nor fixture teardown runs)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Azurite:
+    """A running Azurite blob service. Use `start()` / `stop()` or a `with` block."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._service: BlobServiceClient | None = None
+
+    @property
+    def account(self) -> str:
+        return ACCOUNT
+
+    @property
+    def key(self) -> str:
+        return KEY
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{ACCOUNT}"
+
+    @property
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+            f"BlobEndpoint={self.endpoint};"
+        )
+
+    @property
+    def service(self) -> BlobServiceClient:
+        if self._service is None:
+            self._service = BlobServiceClient.from_connection_string(
+                self.connection_string, retry_total=2
+            )
+        return self._service
+
+    def start(self, port: int | None = None) -> Azurite:
+        """Start on `port` (the demo's fixed 10000) or on a free loopback port."""
+        if not AZURITE_BIN.exists():
+            raise AzuriteMissing(
+                f"{AZURITE_BIN} is missing: run `make test` (it runs `npm install`), "
+                "or `npm install` in the repository root"
+            )
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        last_error = ""
+        for _ in range(1 if port else 3):  # a port taken between free_port() and bind: retry
+            self.port = port or free_port()
+            log = open(self.workdir / f"azurite-{self.port}.log", "wb")  # noqa: SIM115
+            self._proc = subprocess.Popen(
+                [
+                    str(AZURITE_BIN),
+                    "--blobHost",
+                    "127.0.0.1",
+                    "--blobPort",
+                    str(self.port),
+                    "--inMemoryPersistence",
+                    "--skipApiVersionCheck",
+                    "--loose",
+                    "--silent",
+                    "--disableTelemetry",
+                ],
+                cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stop() kills node's children too
+                preexec_fn=_die_with_parent,
+            )
+            log.close()
+            atexit.register(self.stop)
+            if self._wait_ready():
+                return self
+            last_error = (self.workdir / f"azurite-{self.port}.log").read_text(errors="replace")
+            self.stop()
+        raise RuntimeError(f"Azurite did not start:\n{last_error[-2000:]}")
+
+    def _wait_ready(self) -> bool:
+        assert self._proc is not None
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                return False
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    # Any HTTP answer means the service is up (400 for this bare request).
+                    s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                    if s.recv(16).startswith(b"HTTP/"):
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if self._service is not None:
+            self._service.close()
+            self._service = None
+        if proc is None:
+            return
+        atexit.unregister(self.stop)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        # Children that outlived node (none expected) share the group: make sure.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def __enter__(self) -> Azurite:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- helpers for tests -------------------------------------------------
+
+    def create_container(self, name: str | None = None) -> ContainerClient:
+        name = name or f"c{uuid.uuid4().hex[:20]}"
+        return self.service.create_container(name)
+
+    def seed(
+        self, container: ContainerClient | str, blobs: Mapping[str, bytes], *, threads: int = 16
+    ) -> None:
+        """Upload `blobs` (name → bytes) in parallel."""
+        client = (
+            self.service.get_container_client(container)
+            if isinstance(container, str)
+            else container
+        )
+
+        def put(item: tuple[str, bytes]) -> None:
+            client.upload_blob(item[0], item[1], overwrite=True)
+
+        with ThreadPoolExecutor(threads) as pool:
+            for _ in pool.map(put, blobs.items()):
+                pass

@@ -1,0 +1,111 @@
+"""The one error table: statuses, transport errors, Retry-After, no secrets."""
+
+from __future__ import annotations
+
+import email.utils
+import errno
+
+import pytest
+import requests
+import urllib3.exceptions
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    IncompleteReadError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+
+from datamount.errors import (
+    AccessDenied,
+    BadRequest,
+    Conflict,
+    ObjectNotFound,
+    StorageError,
+    VersionChanged,
+)
+from datamount.storage.errors import error_for_status, map_error, parse_retry_after, translate
+
+SECRET_URL = "https://acct.blob.core.windows.net/c/b?sv=2021&sig=TOPSECRET%3D"
+
+
+@pytest.mark.parametrize(
+    ("status", "cls", "code", "transient"),
+    [
+        (400, BadRequest, errno.EINVAL, False),
+        (401, AccessDenied, errno.EACCES, False),
+        (403, AccessDenied, errno.EACCES, False),
+        (404, ObjectNotFound, errno.ENOENT, False),
+        (409, Conflict, errno.EEXIST, False),
+        (412, VersionChanged, errno.ESTALE, False),
+        (416, BadRequest, errno.EINVAL, False),
+        (408, StorageError, errno.EIO, True),
+        (429, StorageError, errno.EIO, True),
+        (500, StorageError, errno.EIO, True),
+        (502, StorageError, errno.EIO, True),
+        (503, StorageError, errno.EIO, True),
+        (504, StorageError, errno.EIO, True),
+        (405, StorageError, errno.EIO, False),
+        (501, StorageError, errno.EIO, False),
+    ],
+)
+def test_status_table(status: int, cls: type[StorageError], code: int, transient: bool) -> None:
+    err = error_for_status(status, op="read", key="a/b", store="https://x/c", code="Code")
+    assert type(err) is cls
+    assert (err.errno, err.transient, err.status) == (code, transient, status)
+    assert str(err) == f"read 'https://x/c/a/b' failed: HTTP {status} Code"
+
+
+def test_retry_after_seconds_date_and_ms() -> None:
+    assert parse_retry_after({"Retry-After": "12"}) == 12.0
+    assert parse_retry_after({"x-ms-retry-after-ms": "1500"}) == 1.5
+    when = email.utils.formatdate(1_000_030, usegmt=True)
+    assert parse_retry_after({"Retry-After": when}, now=1_000_000) == pytest.approx(30)
+    assert parse_retry_after({"Retry-After": "soon"}) is None
+    assert parse_retry_after({}) is None
+    err = error_for_status(503, op="read", key="k", headers={"Retry-After": "4"})
+    assert err.retry_after == 4.0
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ServiceRequestError(f"Connection refused: {SECRET_URL}"),
+        ServiceResponseError(f"Connection reset: {SECRET_URL}"),
+        IncompleteReadError(f"body cut short: {SECRET_URL}"),
+        requests.ConnectionError(f"Max retries exceeded with url: {SECRET_URL}"),
+        requests.ReadTimeout(f"read timed out: {SECRET_URL}"),
+        urllib3.exceptions.ProtocolError(f"Connection aborted: {SECRET_URL}"),
+        ConnectionResetError(errno.ECONNRESET, SECRET_URL),
+        TimeoutError(SECRET_URL),
+    ],
+)
+def test_transport_errors_are_transient_eio_without_secrets(exc: BaseException) -> None:
+    err = map_error(exc, op="read", key="c/b")
+    assert type(err) is StorageError
+    assert err.transient and err.errno == errno.EIO
+    assert "TOPSECRET" not in str(err) and "sig=" not in str(err)
+    assert "'c/b'" in str(err)
+
+
+def test_authentication_failure_is_access_denied() -> None:
+    err = map_error(ClientAuthenticationError(f"token for {SECRET_URL}"), op="stat", key="k")
+    assert isinstance(err, AccessDenied) and not err.transient
+    assert "TOPSECRET" not in str(err)
+
+
+def test_translate_raises_mapped_errors_and_lets_bugs_through() -> None:
+    with pytest.raises(StorageError) as info, translate("read", "k"):
+        raise requests.ConnectionError(SECRET_URL)
+    assert info.value.transient
+    assert info.value.__suppress_context__  # the SDK text (with its URL) is not chained
+    with pytest.raises(ObjectNotFound), translate("stat", "k"):
+        raise FileNotFoundError(errno.ENOENT, "gone")
+    with pytest.raises(StorageError) as info, translate("put", "k"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert info.value.errno == errno.ENOSPC and not info.value.transient
+    with pytest.raises(KeyError), translate("read", "k"):
+        raise KeyError("a bug stays a bug")
+    original = VersionChanged("kept as is")
+    with pytest.raises(VersionChanged) as kept, translate("read", "k"):
+        raise original
+    assert kept.value is original

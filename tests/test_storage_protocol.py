@@ -1,0 +1,265 @@
+"""One ObjectStore suite, run over MemoryStore, LocalStore and AzureBlobStore
+(on Azurite): every read is compared with a slice of the source bytes."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from datamount.credentials import Credential
+from datamount.errors import BadRequest, ObjectNotFound, StorageError, VersionChanged
+from datamount.retry import RetryPolicy
+from datamount.storage import ObjectStore
+from datamount.storage.azure_blob import AzureBlobStore
+from datamount.storage.base import ListPage
+from datamount.storage.local import LocalStore
+from datamount.storage.memory import MemoryStore
+
+SIZE = 100_003  # odd on purpose: no range lines up with a power of two
+SOURCE = random.Random(7).randbytes(SIZE)
+ODD_RANGES = [
+    (0, 1),
+    (1, 7),
+    (4095, 4097),
+    (12_345, 54_321),
+    (SIZE - 10, 10),
+    (SIZE - 10, 100),  # runs past the end
+    (SIZE - 1, 1),
+    (SIZE, 5),  # at the end
+    (SIZE + 1000, 5),  # after it
+    (0, SIZE + 1),
+    (77, 0),
+]
+ODD_NAMES = [
+    "dir with space/file name.txt",
+    "naïve/日本語 ファイル.bin",
+    "hash#tag/50%off %20 %2F.dat",
+    "top/plus+and&amp=eq;semi,comma'quote!(x) ~.bin",
+]
+
+
+def fast_retry() -> RetryPolicy:
+    return RetryPolicy(retries=2, sleep=lambda s: None)
+
+
+@pytest.fixture(
+    params=["memory", "local", pytest.param("azure", marks=pytest.mark.azurite)],
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    s: ObjectStore
+    if request.param == "memory":
+        s = MemoryStore(page_size=3)  # small pages: listings cross pages
+    elif request.param == "local":
+        s = LocalStore(tmp_path / "root", page_size=3)
+        (tmp_path / "root").mkdir()
+    else:
+        az = request.getfixturevalue("azurite")
+        container = request.getfixturevalue("container")
+        s = AzureBlobStore(
+            az.endpoint,
+            container.container_name,
+            Credential.account_key(az.key),
+            account=az.account,
+            retry=fast_retry(),
+        )
+    yield s
+    s.close()
+
+
+def keys(pages: Iterator[ListPage]) -> tuple[list[str], list[str]]:
+    objects: list[str] = []
+    prefixes: list[str] = []
+    for page in pages:
+        objects += [o.key for o in page.objects]
+        prefixes += page.prefixes
+    return objects, prefixes
+
+
+def test_put_stat_and_odd_ranges_equal_source_slices(store: ObjectStore) -> None:
+    info = store.put("data/blob.bin", SOURCE)
+    assert info.size == SIZE and info.key == "data/blob.bin"
+    stat = store.stat("data/blob.bin")
+    assert (stat.size, stat.etag, stat.is_dir) == (SIZE, info.etag, False)
+    for offset, length in ODD_RANGES:
+        assert store.read("data/blob.bin", offset, length) == SOURCE[offset : offset + length]
+        pinned = store.read("data/blob.bin", offset, length, etag=stat.etag)
+        assert pinned == SOURCE[offset : offset + length]
+
+
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_random_reads_equal_source_slices(kind: str, tmp_path: Path) -> None:
+    s: ObjectStore = MemoryStore() if kind == "memory" else LocalStore(tmp_path)
+    s.put("r/blob", SOURCE)
+    etag = s.stat("r/blob").etag
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.integers(0, SIZE + 10), st.integers(0, 70_000), st.booleans())
+    def check(offset: int, length: int, pin: bool) -> None:
+        got = s.read("r/blob", offset, length, etag=etag if pin else None)
+        assert got == SOURCE[offset : offset + length]
+
+    check()
+
+
+def test_zero_byte_object(store: ObjectStore) -> None:
+    info = store.put("empty", b"")
+    assert store.stat("empty").size == 0
+    assert store.read("empty", 0, 10) == b""
+    assert store.read("empty", 0, 10, etag=info.etag) == b""
+    assert store.read("empty", 5, 1) == b""
+    assert keys(store.list_pages("empty")) == (["empty"], [])
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_unicode_space_hash_percent_names(store: ObjectStore, name: str) -> None:
+    data = name.encode() * 3
+    store.put(name, data)
+    assert store.stat(name).size == len(data)
+    assert store.read(name, 1, 1000) == data[1:]
+    top = name.split("/")[0] + "/"
+    assert keys(store.list_pages(top)) == ([name], [])
+    assert keys(store.list_pages("", delimiter="/")) == ([], [top])
+
+
+def test_not_found_is_enoent(store: ObjectStore) -> None:
+    store.put("there", b"x")
+    for call in (
+        lambda: store.stat("missing/file"),
+        lambda: store.read("missing/file", 0, 10),
+        lambda: store.delete("missing/file"),
+        lambda: store.copy("missing/file", "elsewhere"),
+    ):
+        with pytest.raises(ObjectNotFound) as info:
+            call()
+        assert info.value.errno == errno.ENOENT
+        assert isinstance(info.value, FileNotFoundError)
+        assert "missing/file" in str(info.value)
+
+
+TREE = [
+    "d/a.txt",
+    "d/b.txt",
+    "d/b/c.txt",
+    "d/b/d/e.txt",
+    "d/bb",
+    "d/z",
+    "d.txt",
+    "other/x",
+]
+
+
+def test_list_recursive_and_delimited(store: ObjectStore) -> None:
+    for k in TREE:
+        store.put(k, k.encode())
+    assert keys(store.list_pages("d/")) == (sorted(k for k in TREE if k.startswith("d/")), [])
+    assert keys(store.list_pages("d/b")) == (["d/b.txt", "d/b/c.txt", "d/b/d/e.txt", "d/bb"], [])
+    assert keys(store.list_pages("", delimiter="/")) == (["d.txt"], ["d/", "other/"])
+    assert keys(store.list_pages("d/", delimiter="/")) == (
+        ["d/a.txt", "d/b.txt", "d/bb", "d/z"],
+        ["d/b/"],
+    )
+    assert keys(store.list_pages("d/b/", delimiter="/")) == (["d/b/c.txt"], ["d/b/d/"])
+    listed = {o.key: o for page in store.list_pages("d/") for o in page.objects}
+    stat = store.stat("d/b/c.txt")
+    assert (listed["d/b/c.txt"].size, listed["d/b/c.txt"].etag) == (stat.size, stat.etag)
+
+
+def test_list_of_nothing_is_one_empty_page(store: ObjectStore) -> None:
+    pages = list(store.list_pages("nothing/here/"))
+    assert len(pages) == 1
+    assert pages[0].objects == [] and pages[0].prefixes == []
+
+
+def test_list_is_lazy(store: ObjectStore) -> None:
+    for i in range(10):
+        store.put(f"lazy/{i:02d}", b"x")
+    pages = store.list_pages("lazy/")
+    first = next(pages)  # nothing else requested yet; the rest follows on demand
+    rest = [o.key for page in pages for o in page.objects]
+    assert [o.key for o in first.objects] + rest == [f"lazy/{i:02d}" for i in range(10)]
+
+
+def test_stage_and_commit_blocks_round_trip(store: ObjectStore) -> None:
+    sizes = [65_536, 1, 4097, 30_000]
+    chunks, pos = [], 0
+    for n in sizes:
+        chunks.append(SOURCE[pos : pos + n])
+        pos += n
+    ids = [f"{i:06d}" for i in range(len(chunks))]
+    for block_id, chunk in reversed(list(zip(ids, chunks, strict=True))):  # any order
+        store.stage_block("up/file.bin", block_id, chunk)
+    whole = b"".join(chunks)
+    md5 = hashlib.md5(whole).digest()
+    info = store.commit_blocks("up/file.bin", ids, content_md5=md5, metadata={"k": "v"})
+    assert info.size == len(whole)
+    stat = store.stat("up/file.bin")
+    assert (stat.size, stat.content_md5, stat.etag) == (len(whole), md5, info.etag)
+    assert store.read("up/file.bin", 0, len(whole) + 5) == whole
+    assert store.read("up/file.bin", 65_530, 10) == whole[65_530:65_540]
+    assert keys(store.list_pages("up/")) == (["up/file.bin"], [])  # no staging leftovers
+
+
+def test_commit_of_an_unstaged_block_fails(store: ObjectStore) -> None:
+    store.stage_block("up/x", "000000", b"abc")
+    with pytest.raises(BadRequest):
+        store.commit_blocks("up/x", ["000000", "000001"])
+    with pytest.raises(ObjectNotFound):
+        store.stat("up/x")
+
+
+def test_put_overwrites_with_a_new_etag_and_md5(store: ObjectStore) -> None:
+    first = store.put("o", b"one")
+    md5 = hashlib.md5(b"two!").digest()
+    second = store.put("o", b"two!", content_md5=md5)
+    assert first.etag != second.etag
+    stat = store.stat("o")
+    assert (stat.size, stat.etag, stat.content_md5) == (4, second.etag, md5)
+    assert store.read("o", 0, 10) == b"two!"
+
+
+def test_delete(store: ObjectStore) -> None:
+    store.put("del/a", b"a")
+    store.put("del/b", b"b")
+    store.delete("del/a")
+    with pytest.raises(ObjectNotFound):
+        store.stat("del/a")
+    assert keys(store.list_pages("del/")) == (["del/b"], [])
+
+
+def test_copy(store: ObjectStore) -> None:
+    md5 = hashlib.md5(SOURCE).digest()
+    store.put("src/blob", SOURCE, content_md5=md5)
+    info = store.copy("src/blob", "dst/blob copy")
+    assert info.key == "dst/blob copy" and info.size == SIZE
+    assert store.read("dst/blob copy", 0, SIZE) == SOURCE
+    assert store.stat("dst/blob copy").content_md5 == md5
+    assert store.read("src/blob", 10, 10) == SOURCE[10:20]  # the source is untouched
+
+
+def test_pinned_read_of_a_changed_object_is_estale(store: ObjectStore) -> None:
+    old = store.put("v", b"version one")
+    if isinstance(store, LocalStore):
+        # Same size, same second: the etag must still change (mtime_ns, inode).
+        os.utime(os.path.join(store.root, "v"), ns=(1, 1))
+        old = store.stat("v")
+    new = store.put("v", b"version two")
+    assert old.etag != new.etag
+    with pytest.raises(VersionChanged) as info:
+        store.read("v", 0, 7, etag=old.etag)
+    assert info.value.errno == errno.ESTALE
+    assert store.read("v", 0, 7, etag=new.etag) == b"version"
+
+
+def test_negative_ranges_are_rejected(store: ObjectStore) -> None:
+    store.put("n", b"abc")
+    with pytest.raises(StorageError) as info:
+        store.read("n", -1, 2)
+    assert info.value.errno == errno.EINVAL
