@@ -12,6 +12,13 @@ import pytest
 from azure.storage.blob import ContainerClient
 
 from azurite import Azurite, AzuriteMissing
+from datamount.credentials import Credential
+from datamount.location import StorageKind, StorageLocation
+from datamount.retry import RetryPolicy
+from datamount.storage import ObjectStore, open_store
+
+# Seeding 5,003 blobs costs Azurite ~10 s (≈2 ms per request): do it once.
+MANY = {f"many/{i // 100:03d}/{i:05d}.txt": str(i).encode() for i in range(5_003)}
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +42,34 @@ def container(azurite: Azurite) -> Iterator[ContainerClient]:
     finally:
         with contextlib.suppress(Exception):
             client.delete_container()
+
+
+@pytest.fixture(scope="session")
+def many_blobs(azurite: Azurite) -> tuple[str, dict[str, bytes]]:
+    """A container holding MANY: 5,003 blobs under many/, two listing pages."""
+    client = azurite.create_container(f"many{uuid.uuid4().hex[:20]}")
+    azurite.seed(client, MANY, threads=32)
+    return client.container_name, MANY
+
+
+def store_on(azurite: Azurite, container: str) -> ObjectStore:
+    """An AzureBlobStore on `container` through the public factory, fast retries."""
+    location = StorageLocation(
+        StorageKind.BLOB,
+        "",
+        account=azurite.account,
+        container=container,
+        endpoint=azurite.endpoint,
+        credential=Credential.account_key(azurite.key),
+    )
+    return open_store(location, pool_size=16, retry=RetryPolicy(retries=3, sleep=lambda s: None))
+
+
+@pytest.fixture
+def azure_store(azurite: Azurite, container: ContainerClient) -> Iterator[ObjectStore]:
+    store = store_on(azurite, container.container_name)
+    yield store
+    store.close()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

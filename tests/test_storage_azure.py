@@ -8,7 +8,7 @@ import errno
 import http.server
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -42,16 +42,24 @@ def key_store(az: Azurite, container: ContainerClient, **kw: Any) -> AzureBlobSt
 
 
 class RequestCounter:
-    """Counts responses on a store's requests Session (by HTTP method)."""
+    """Counts a store's requests by HTTP method: the SDK's (a requests Session
+    hook) and the raw path's (a RawClient hook)."""
 
     def __init__(self, store: AzureBlobStore) -> None:
         self.methods: Counter[str] = Counter()
         self.ranges: list[str | None] = []
-        store.session.hooks["response"].append(self)
+        store.session.hooks["response"].append(self._sdk)
+        store.raw.hooks.append(self._raw)
 
-    def __call__(self, r: requests.Response, *args: Any, **kwargs: Any) -> None:
-        self.methods[r.request.method or ""] += 1
-        self.ranges.append(r.request.headers.get("x-ms-range") or r.request.headers.get("Range"))
+    def _count(self, method: str, headers: Mapping[str, str]) -> None:
+        self.methods[method] += 1
+        self.ranges.append(headers.get("x-ms-range") or headers.get("Range"))
+
+    def _sdk(self, r: requests.Response, *args: Any, **kwargs: Any) -> None:
+        self._count(r.request.method or "", r.request.headers)
+
+    def _raw(self, method: str, path: str, headers: dict[str, str], status: int) -> None:
+        self._count(method, headers)
 
     @property
     def total(self) -> int:
@@ -60,11 +68,12 @@ class RequestCounter:
 
 @pytest.mark.azurite
 def test_listing_crosses_the_5000_page_boundary_lazily(
-    azurite: Azurite, container: ContainerClient
+    azurite: Azurite, many_blobs: tuple[str, dict[str, bytes]]
 ) -> None:
-    names = {f"many/{i:05d}": b"" for i in range(5_003)}
-    azurite.seed(container, names, threads=32)
-    store = key_store(azurite, container)
+    name, names = many_blobs
+    store = key_store(
+        azurite, ContainerClient.from_connection_string(azurite.connection_string, name)
+    )
     counter = RequestCounter(store)
     pages = store.list_pages("many/")
     first = next(pages)
@@ -185,6 +194,7 @@ def test_stores_on_one_container_share_one_client(
     assert a.session is b.session
     adapter = a.session.get_adapter("http://127.0.0.1/")
     assert adapter._pool_maxsize == 32
+    assert a.raw is b.raw and a.raw.pool.maxsize == 32  # the raw path's pool too
     a.close()
     b.put("shared", b"still open")  # the other user keeps the client alive
     assert b.read("shared", 0, 5) == b"still"
@@ -198,13 +208,13 @@ def test_identity_credentials_map_to_azure_identity() -> None:
     from azure.identity import ChainedTokenCredential, ManagedIdentityCredential
 
     from datamount.credentials import CredentialKind
-    from datamount.storage.azure_blob import _sdk_credential
+    from datamount.storage.azure_clients import sdk_credential
 
     managed = Credential(CredentialKind.MANAGED_IDENTITY, client_id="1234")
-    assert isinstance(_sdk_credential(managed, "acct"), ManagedIdentityCredential)
+    assert isinstance(sdk_credential(managed, "acct"), ManagedIdentityCredential)
     user = Credential(CredentialKind.USER_IDENTITY)
-    assert isinstance(_sdk_credential(user, "acct"), ChainedTokenCredential)
-    assert _sdk_credential(Credential.anonymous(), "acct") is None
+    assert isinstance(sdk_credential(user, "acct"), ChainedTokenCredential)
+    assert sdk_credential(Credential.anonymous(), "acct") is None
 
 
 def test_account_of_endpoint() -> None:

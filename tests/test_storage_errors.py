@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import http.client
+import ssl
 
 import pytest
 import requests
@@ -13,6 +15,7 @@ from azure.core.exceptions import (
     IncompleteReadError,
     ServiceRequestError,
     ServiceResponseError,
+    ServiceResponseTimeoutError,
 )
 
 from datamount.errors import (
@@ -77,6 +80,10 @@ def test_retry_after_seconds_date_and_ms() -> None:
         urllib3.exceptions.ProtocolError(f"Connection aborted: {SECRET_URL}"),
         ConnectionResetError(errno.ECONNRESET, SECRET_URL),
         TimeoutError(SECRET_URL),
+        ServiceResponseTimeoutError(f"read timed out: {SECRET_URL}"),
+        http.client.IncompleteRead(b"partial", 100),  # the raw path's body cut short
+        http.client.RemoteDisconnected(SECRET_URL),
+        ssl.SSLEOFError(8, SECRET_URL),
     ],
 )
 def test_transport_errors_are_transient_eio_without_secrets(exc: BaseException) -> None:
@@ -85,6 +92,13 @@ def test_transport_errors_are_transient_eio_without_secrets(exc: BaseException) 
     assert err.transient and err.errno == errno.EIO
     assert "TOPSECRET" not in str(err) and "sig=" not in str(err)
     assert "'c/b'" in str(err)
+
+
+def test_timeouts_and_short_bodies_say_so() -> None:
+    assert "timed out" in str(map_error(ServiceResponseTimeoutError("x"), op="stat", key="k"))
+    assert "timed out" in str(map_error(TimeoutError(), op="read", key="k"))
+    short = map_error(http.client.IncompleteRead(b"", 5), op="read", key="k")
+    assert "body cut short" in str(short) and short.transient
 
 
 def test_authentication_failure_is_access_denied() -> None:

@@ -1,5 +1,6 @@
-"""One ObjectStore suite, run over MemoryStore, LocalStore and AzureBlobStore
-(on Azurite): every read is compared with a slice of the source bytes."""
+"""One ObjectStore suite, run over MemoryStore, LocalStore, FaultyStore (over a
+MemoryStore) and AzureBlobStore (on Azurite): every read, and every read_into,
+is compared with a slice of the source bytes."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from datamount.retry import RetryPolicy
 from datamount.storage import ObjectStore
 from datamount.storage.azure_blob import AzureBlobStore
 from datamount.storage.base import ListPage
+from datamount.storage.faults import FaultyStore
 from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
 
@@ -51,12 +53,14 @@ def fast_retry() -> RetryPolicy:
 
 
 @pytest.fixture(
-    params=["memory", "local", pytest.param("azure", marks=pytest.mark.azurite)],
+    params=["memory", "local", "faulty", pytest.param("azure", marks=pytest.mark.azurite)],
 )
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
     s: ObjectStore
     if request.param == "memory":
         s = MemoryStore(page_size=3)  # small pages: listings cross pages
+    elif request.param == "faulty":  # no faults planned: it must be transparent
+        s = FaultyStore(MemoryStore(page_size=3), retry=fast_retry())
     elif request.param == "local":
         s = LocalStore(tmp_path / "root", page_size=3)
         (tmp_path / "root").mkdir()
@@ -83,15 +87,48 @@ def keys(pages: Iterator[ListPage]) -> tuple[list[str], list[str]]:
     return objects, prefixes
 
 
+FILL = 0xA5  # read_into must leave the rest of a buffer as it was
+
+
+def read_via_buffer(
+    store: ObjectStore, key: str, offset: int, length: int, etag: str | None = None
+) -> bytes:
+    """read_into a buffer with a margin on both sides; check the margins and
+    that the count is what was written."""
+    raw = bytearray([FILL]) * (length + 32)
+    n = store.read_into(key, offset, memoryview(raw)[16 : 16 + length], etag=etag)
+    assert 0 <= n <= length
+    assert raw[:16] == bytes([FILL]) * 16
+    assert raw[16 + n :] == bytes([FILL]) * (length - n + 16)
+    return bytes(raw[16 : 16 + n])
+
+
 def test_put_stat_and_odd_ranges_equal_source_slices(store: ObjectStore) -> None:
     info = store.put("data/blob.bin", SOURCE)
     assert info.size == SIZE and info.key == "data/blob.bin"
     stat = store.stat("data/blob.bin")
     assert (stat.size, stat.etag, stat.is_dir) == (SIZE, info.etag, False)
     for offset, length in ODD_RANGES:
-        assert store.read("data/blob.bin", offset, length) == SOURCE[offset : offset + length]
-        pinned = store.read("data/blob.bin", offset, length, etag=stat.etag)
-        assert pinned == SOURCE[offset : offset + length]
+        want = SOURCE[offset : offset + length]
+        assert store.read("data/blob.bin", offset, length) == want
+        assert store.read("data/blob.bin", offset, length, etag=stat.etag) == want
+        assert read_via_buffer(store, "data/blob.bin", offset, length) == want
+        assert read_via_buffer(store, "data/blob.bin", offset, length, stat.etag) == want
+
+
+def test_read_into_reuses_one_buffer(store: ObjectStore) -> None:
+    store.put("reuse", SOURCE)
+    buffer = memoryview(bytearray(4096))
+    out = bytearray()
+    offset = 0
+    while n := store.read_into("reuse", offset, buffer):
+        out += buffer[:n]
+        offset += n
+    assert out == SOURCE  # the last count is short, then 0 at the end
+    assert store.read_into("reuse", 7, memoryview(bytearray())) == 0
+    plain = bytearray(100)  # not a memoryview: filled in place all the same
+    assert store.read_into("reuse", 99, plain) == 100  # type: ignore[arg-type]
+    assert plain == SOURCE[99:199]
 
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
@@ -105,6 +142,8 @@ def test_random_reads_equal_source_slices(kind: str, tmp_path: Path) -> None:
     def check(offset: int, length: int, pin: bool) -> None:
         got = s.read("r/blob", offset, length, etag=etag if pin else None)
         assert got == SOURCE[offset : offset + length]
+        got = read_via_buffer(s, "r/blob", offset, length, etag if pin else None)
+        assert got == SOURCE[offset : offset + length]
 
     check()
 
@@ -115,6 +154,8 @@ def test_zero_byte_object(store: ObjectStore) -> None:
     assert store.read("empty", 0, 10) == b""
     assert store.read("empty", 0, 10, etag=info.etag) == b""
     assert store.read("empty", 5, 1) == b""
+    assert read_via_buffer(store, "empty", 0, 10) == b""
+    assert read_via_buffer(store, "empty", 0, 10, info.etag) == b""
     assert keys(store.list_pages("empty")) == (["empty"], [])
 
 
@@ -134,6 +175,7 @@ def test_not_found_is_enoent(store: ObjectStore) -> None:
     for call in (
         lambda: store.stat("missing/file"),
         lambda: store.read("missing/file", 0, 10),
+        lambda: store.read_into("missing/file", 0, memoryview(bytearray(10))),
         lambda: store.delete("missing/file"),
         lambda: store.copy("missing/file", "elsewhere"),
     ):
@@ -255,11 +297,18 @@ def test_pinned_read_of_a_changed_object_is_estale(store: ObjectStore) -> None:
     with pytest.raises(VersionChanged) as info:
         store.read("v", 0, 7, etag=old.etag)
     assert info.value.errno == errno.ESTALE
+    with pytest.raises(VersionChanged) as info:
+        store.read_into("v", 0, memoryview(bytearray(7)), etag=old.etag)
+    assert info.value.errno == errno.ESTALE
     assert store.read("v", 0, 7, etag=new.etag) == b"version"
+    assert read_via_buffer(store, "v", 0, 7, new.etag) == b"version"
 
 
 def test_negative_ranges_are_rejected(store: ObjectStore) -> None:
     store.put("n", b"abc")
     with pytest.raises(StorageError) as info:
         store.read("n", -1, 2)
+    assert info.value.errno == errno.EINVAL
+    with pytest.raises(StorageError) as info:
+        store.read_into("n", -1, memoryview(bytearray(2)))
     assert info.value.errno == errno.EINVAL

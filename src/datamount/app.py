@@ -12,11 +12,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from datamount.errors import InvalidInput, SpecError, UriError
-from datamount.location import StorageLocation
+from datamount.errors import (
+    DataError,
+    DatamountError,
+    InvalidInput,
+    ObjectNotFound,
+    OutputError,
+    SpecError,
+    StorageError,
+    UriError,
+)
+from datamount.location import StorageKind, StorageLocation
 from datamount.log import activity
+from datamount.retry import RetryPolicy
 from datamount.settings import Settings
-from datamount.spec import DataInput, JobSpec, load_spec
+from datamount.spec import DataInput, DataType, JobSpec, Mode, load_spec
+from datamount.storage import ObjectStore, open_store
+from datamount.transfer.download import Downloader, DownloadOptions, DownloadResult
+from datamount.transfer.progress import Progress
+from datamount.transfer.upload import Uploader, UploadOptions, UploadResult
 from datamount.uris import LocationKind, parse
 from datamount.workspace import Workspace, find_workspace
 
@@ -144,3 +158,143 @@ def _looks_like_uri(text: str) -> bool:
         return parse(text).kind is not LocationKind.LOCAL
     except InvalidInput:
         return False
+
+
+# -- transfers ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved data location plus what the spec says about it."""
+
+    location: StorageLocation
+    is_file: bool | None  # None: decide from the store (bare URIs)
+    label: str
+
+
+def make_retry(settings: Settings) -> RetryPolicy:
+    return RetryPolicy(retries=settings.http_retry_count)
+
+
+def make_store(settings: Settings, location: StorageLocation, retry: RetryPolicy) -> ObjectStore:
+    # One keep-alive connection per worker that may hold one at a time.
+    pool = max(settings.downloader_threads, settings.read_threads)
+    return open_store(
+        location, pool_size=pool, retry=retry, read_timeout=settings.stall_timeout_seconds
+    )
+
+
+def target(ctx: Context, source: str, name: str | None, direction: str) -> Target:
+    """A spec file (+ --input/--output NAME) or a bare path/URI, resolved."""
+    path = Path(source)
+    workspace = ctx.load_workspace(required=False) or Workspace.empty()
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        spec = load_spec(path)
+        entry = spec.entry(name)
+        location = resolve_entry(spec, entry, workspace)
+        return Target(location, entry.type is DataType.URI_FILE, f"{entry.direction}s.{entry.name}")
+    if name:
+        raise UriError(f"--{direction} {name}: only applies to a spec file, not a path or URI")
+    location = workspace.resolve(parse(source, direction), where=direction, base_dir=ctx.cwd)
+    is_file = True if location.kind is StorageKind.HTTP else None
+    return Target(location, is_file, source)
+
+
+def _is_file(store: ObjectStore, location: StorageLocation) -> bool:
+    """A bare URI names a file when an object (not a folder marker) sits at its key."""
+    if location.is_folder or not location.key:
+        return False
+    try:
+        return not store.stat(location.key).is_dir
+    except ObjectNotFound:
+        return False
+
+
+def download(
+    ctx: Context,
+    source: str,
+    dest: Path,
+    *,
+    name: str | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> DownloadResult:
+    settings = ctx.settings
+    tgt = target(ctx, source, name, "input")
+    uri = tgt.location.uri()
+    retry = make_retry(settings)
+    with activity("download", source=tgt.label):
+        store = make_store(settings, tgt.location, retry)
+        try:
+            is_file = tgt.is_file if tgt.is_file is not None else _is_file(store, tgt.location)
+            options = DownloadOptions(
+                threads=settings.downloader_threads,
+                reserved_free_disk_space=settings.reserved_free_disk_space,
+                overwrite=overwrite,
+            )
+            downloader = Downloader(store, options, progress)
+            result = downloader.download(tgt.location.key, dest, is_file=is_file, source_id=uri)
+        except StorageError as exc:
+            raise DataError(f"download of {uri} failed: {exc}") from None
+        finally:
+            store.close()
+        log.info(
+            "downloaded %s -> %s: %d files, %d bytes in %.2f s (%.1f MB/s), %d skipped "
+            "(%d bytes, already complete), %d threads, %d retries, %d restarts",
+            uri, result.path, result.files, result.bytes, result.seconds,
+            result.bytes / max(result.seconds, 1e-9) / 1e6, result.skipped_files,
+            result.skipped_bytes, options.threads, retry.stats.retries, result.restarts,
+        )  # fmt: skip
+        return result
+
+
+def upload(
+    ctx: Context,
+    src: Path,
+    dest: str,
+    *,
+    name: str | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> UploadResult:
+    settings = ctx.settings
+    tgt = target(ctx, dest, name, "output")
+    uri = tgt.location.uri()
+    if tgt.location.kind is StorageKind.HTTP:
+        raise UriError(f"{dest}: cannot upload to a public http(s) URL")
+    retry = make_retry(settings)
+    with activity("upload", destination=tgt.label):
+        store = make_store(settings, tgt.location, retry)
+        key = tgt.location.key
+        if tgt.is_file is False and key:
+            key = key.rstrip("/") + "/"
+        try:
+            options = UploadOptions(threads=settings.downloader_threads, overwrite=overwrite)
+            result = Uploader(store, options, progress).upload(src, key)
+        except StorageError as exc:
+            raise OutputError(f"upload to {uri} failed: {exc}") from None
+        finally:
+            store.close()
+        log.info(
+            "uploaded %s -> %s: %d files, %d bytes in %.2f s (%.1f MB/s), %d unchanged skipped "
+            "(%d bytes), %d threads, %d retries",
+            src, uri, result.files, result.bytes, result.seconds,
+            result.bytes / max(result.seconds, 1e-9) / 1e6, result.skipped_files,
+            result.skipped_bytes, options.threads, retry.stats.retries,
+        )  # fmt: skip
+        return result
+
+
+def mount(
+    ctx: Context, spec_path: Path, mountpoint: Path, *, name: str | None, progress: Progress | None
+) -> Path:
+    """The sidecar entry point; returns the path the job should use."""
+    spec = load_spec(spec_path)
+    entry = spec.entry(name)
+    if entry.mode is Mode.DOWNLOAD:
+        result = download(ctx, str(spec_path), mountpoint, name=entry.name, progress=progress)
+        return result.path
+    raise DatamountError(
+        f"{entry.direction}s.{entry.name}: mode {entry.mode.value} is not available yet "
+        "(this build supports: download)"
+    )

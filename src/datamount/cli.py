@@ -18,6 +18,7 @@ from datamount import __version__, app
 from datamount.errors import EXIT_FAILURE, EXIT_OK, DatamountError
 from datamount.log import setup_logging, shutdown_logging
 from datamount.settings import Settings
+from datamount.transfer.progress import Progress, human
 
 log = logging.getLogger("datamount.cli")
 PROG = "datamount"
@@ -66,6 +67,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--input", metavar="NAME", help="which input or output (when the spec has several)"
     )
+
+    p = sub.add_parser(
+        "download",
+        parents=[common],
+        help="copy an input to local disk in parallel (download mode)",
+        description=(
+            "Download a file (to DEST/<name>) or a folder tree (under DEST). Resumable: "
+            "files already complete in DEST with the same size and etag are skipped."
+        ),
+    )
+    p.add_argument("source", metavar="SOURCE", help="spec YAML (with --input) or a path/URI")
+    p.add_argument("dest", metavar="DEST", help="destination folder")
+    p.add_argument("--input", metavar="NAME", help="which input (when the spec has several)")
+    p.add_argument("--overwrite", action="store_true", help="ignore earlier progress; copy all")
+
+    p = sub.add_parser(
+        "upload",
+        parents=[common],
+        help="copy a local file or folder to storage in parallel (upload mode)",
+        description=(
+            "Upload SRC (a file, or every file under a folder) to DEST. Blobs that already "
+            "hold the same size and MD5 are skipped."
+        ),
+    )
+    p.add_argument("src", metavar="SRC", help="local file or folder")
+    p.add_argument("dest", metavar="DEST", help="spec YAML (with --output) or a URI")
+    p.add_argument("--output", metavar="NAME", help="which output (when the spec has several)")
+    p.add_argument("--overwrite", action="store_true", help="upload even unchanged files")
+
+    p = sub.add_parser(
+        "mount",
+        parents=[common],
+        help="make an input available at MOUNTPOINT (the sidecar entry point)",
+        description=(
+            "Prepare one spec entry at MOUNTPOINT as its mode says and return when it is "
+            "ready; prints the path the job should use. Modes available: download."
+        ),
+    )
+    p.add_argument("spec", metavar="SPEC", help="spec YAML")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="where the data appears")
+    p.add_argument("--input", metavar="NAME", help="which input (when the spec has several)")
     return parser
 
 
@@ -98,24 +140,75 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(ctx: app.Context, args: argparse.Namespace) -> int:
-    if args.command == "validate":
-        result = app.validate(ctx, Path(args.spec))
-        spec = result.spec
-        checked = (
-            f"datastores and assets checked against {result.workspace_checked}"
-            if result.workspace_checked
-            else f"workspace not checked: {ctx.workspace_path()} not found"
+    commands = {
+        "validate": _validate,
+        "resolve": _resolve,
+        "download": _download,
+        "upload": _upload,
+        "mount": _mount,
+    }
+    commands[args.command](ctx, args)
+    return EXIT_OK
+
+
+def _validate(ctx: app.Context, args: argparse.Namespace) -> None:
+    result = app.validate(ctx, Path(args.spec))
+    spec = result.spec
+    checked = (
+        f"datastores and assets checked against {result.workspace_checked}"
+        if result.workspace_checked
+        else f"workspace not checked: {ctx.workspace_path()} not found"
+    )
+    print(
+        f"{args.spec}: valid ({spec.shape} spec, {len(spec.data_inputs)} data inputs, "
+        f"{len(spec.outputs)} outputs; {checked})"
+    )
+
+
+def _resolve(ctx: app.Context, args: argparse.Namespace) -> None:
+    for _name, uri in app.resolve(ctx, args.spec, args.input):
+        print(uri)
+
+
+def _download(ctx: app.Context, args: argparse.Namespace) -> None:
+    with _progress("download") as progress:
+        result = app.download(
+            ctx, args.source, Path(args.dest), name=args.input,
+            overwrite=args.overwrite, progress=progress,
+        )  # fmt: skip
+    print(result.path)
+    print(_summary("downloaded", result.files, result.bytes, result.seconds,
+                   result.skipped_files, "already complete"), file=sys.stderr)  # fmt: skip
+
+
+def _upload(ctx: app.Context, args: argparse.Namespace) -> None:
+    with _progress("upload") as progress:
+        result = app.upload(
+            ctx, Path(args.src), args.dest, name=args.output,
+            overwrite=args.overwrite, progress=progress,
+        )  # fmt: skip
+    print(_summary("uploaded", result.files, result.bytes, result.seconds,
+                   result.skipped_files, "unchanged"), file=sys.stderr)  # fmt: skip
+
+
+def _mount(ctx: app.Context, args: argparse.Namespace) -> None:
+    with _progress("download") as progress:
+        path = app.mount(
+            ctx, Path(args.spec), Path(args.mountpoint), name=args.input, progress=progress
         )
-        print(
-            f"{args.spec}: valid ({spec.shape} spec, {len(spec.data_inputs)} data inputs, "
-            f"{len(spec.outputs)} outputs; {checked})"
-        )
-        return EXIT_OK
-    if args.command == "resolve":
-        for _name, uri in app.resolve(ctx, args.spec, args.input):
-            print(uri)
-        return EXIT_OK
-    raise AssertionError(f"unhandled command {args.command}")
+    print(path)
+
+
+def _progress(verb: str) -> Progress:
+    return Progress(verb, sys.stderr, tty=sys.stderr.isatty())
+
+
+def _summary(verb: str, files: int, nbytes: int, seconds: float, skipped: int, why: str) -> str:
+    rate = nbytes / max(seconds, 1e-9) / 1e6
+    return (
+        f"{PROG}: {verb} {files} files, {human(nbytes)} in {seconds:.1f} s ({rate:.0f} MB/s); "
+        f"{skipped} skipped ({why})"
+    )
 
 
 def _start_logging(settings: Settings, command: str) -> None:

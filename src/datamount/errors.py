@@ -60,6 +60,18 @@ class SettingsError(InvalidInput):
     """An environment variable holds a value of the wrong shape."""
 
 
+class DataError(DatamountError):
+    """Input data could not be prepared (download failed, source missing...)."""
+
+    exit_code = EXIT_DATA
+
+
+class OutputError(DatamountError):
+    """Outputs could not be written to storage."""
+
+    exit_code = EXIT_OUTPUTS
+
+
 class StorageError(OSError):
     """A storage request failed. Subclasses fix the errno.
 

@@ -200,6 +200,8 @@ class Settings(BaseSettings):
         default_factory=lambda: _cores() * 2, alias="DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS"
     )
     unmount_timeout_seconds: Seconds = Field(30.0, alias="DATASET_UNMOUNT_TIMEOUT_SECONDS")
+    # A storage read that receives no byte for this long is aborted and retried.
+    stall_timeout_seconds: Seconds = Field(30.0, alias="DATAMOUNT_STALL_TIMEOUT_SECONDS")
 
     cache_dir: Path = Field(
         default_factory=lambda: default_cache_dir({}), alias="DATAMOUNT_CACHE_DIR"

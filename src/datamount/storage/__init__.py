@@ -17,7 +17,11 @@ __all__ = ["ListPage", "ObjectInfo", "ObjectStore", "open_store"]
 
 
 def open_store(
-    location: StorageLocation, *, pool_size: int = 16, retry: RetryPolicy | None = None
+    location: StorageLocation,
+    *,
+    pool_size: int = 16,
+    retry: RetryPolicy | None = None,
+    read_timeout: float = 30.0,
 ) -> ObjectStore:
     """The store serving `location`; its keys are `location.key`-style.
 
@@ -25,6 +29,8 @@ def open_store(
     BLOB and ADLS → AzureBlobStore on the container (ADLS through its blob
     endpoint), sharing one client per (endpoint, container, credential).
     `pool_size` bounds keep-alive connections; size it to the thread counts.
+    `read_timeout`: seconds a request may go without receiving a byte before
+    it is abandoned (and retried as a transient error).
     """
     retry = retry or RetryPolicy()
     if location.kind is StorageKind.LOCAL:
@@ -34,9 +40,13 @@ def open_store(
     if location.kind is StorageKind.HTTP:
         from datamount.storage.http import HttpStore
 
-        return HttpStore(location.store_root, pool_size=pool_size, retry=retry)
+        return HttpStore(
+            location.store_root, pool_size=pool_size, retry=retry, read_timeout=read_timeout
+        )
     if location.is_azure:
         from datamount.storage.azure_blob import AzureBlobStore
 
-        return AzureBlobStore.from_location(location, pool_size=pool_size, retry=retry)
+        return AzureBlobStore.from_location(
+            location, pool_size=pool_size, retry=retry, read_timeout=read_timeout
+        )
     raise ValueError(f"no store for {location.kind}")

@@ -1,9 +1,10 @@
 """The ObjectStore protocol: the small surface every backend implements.
 
 Read side: list lazily page by page, stat, read a bounded byte range of one
-pinned version. Write side: stage blocks and commit them, put a small object,
-delete, copy. Keys are '/'-separated names inside the store (a blob name in
-a container, a path under the local root, a URL path on an HTTP host).
+pinned version (as new bytes, or into the caller's buffer). Write side: stage
+blocks and commit them, put a small object, delete, copy. Keys are
+'/'-separated names inside the store (a blob name in a container, a path
+under the local root, a URL path on an HTTP host).
 
 Implementations (azure_blob, local, http, memory, faults) are thread-safe:
 one store is shared by every worker thread. Errors are `datamount.errors`
@@ -67,6 +68,19 @@ class ObjectStore(Protocol):
 
         Fewer bytes near the end, b'' at or after it. With `etag`, the read is
         pinned to that version: VersionChanged (ESTALE) if it changed.
+        """
+        ...
+
+    def read_into(
+        self, key: str, offset: int, buffer: memoryview, *, etag: str | None = None
+    ) -> int:
+        """Fill `buffer` with bytes [offset, offset + len(buffer)) in one
+        bounded request; the number of bytes written.
+
+        Fewer only at the end of the object (0 at or after it). `etag` pins
+        the version as in `read`. The buffer is the caller's (a downloader
+        reuses one per thread), so memory stays bounded by threads × range.
+        After an error its content is undefined. Stores count it as a "read".
         """
         ...
 

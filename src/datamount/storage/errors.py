@@ -5,14 +5,15 @@ project sees an SDK or `requests` exception. Messages are built from the
 operation, the object name, the HTTP status and the service error code, never
 from the SDK's own text (which can hold a URL with a SAS token or a header).
 
-Threads: pure functions, safe anywhere. Imports azure.core, requests, urllib3
-and `datamount.errors`.
+Threads: pure functions, safe anywhere. Imports azure.core, requests, urllib3,
+http.client and `datamount.errors`.
 """
 
 from __future__ import annotations
 
 import email.utils
 import errno
+import http.client
 import ssl
 import time
 from collections.abc import Iterator, Mapping
@@ -25,7 +26,9 @@ from azure.core.exceptions import (
     ClientAuthenticationError,
     HttpResponseError,
     ServiceRequestError,
+    ServiceRequestTimeoutError,
     ServiceResponseError,
+    ServiceResponseTimeoutError,
 )
 
 from datamount.errors import (
@@ -177,6 +180,8 @@ def map_error(
         | requests.exceptions.ChunkedEncodingError
         | requests.exceptions.ContentDecodingError
         | urllib3.exceptions.HTTPError
+        | http.client.HTTPException  # the raw path: a body cut short, a bad status line
+        | ssl.SSLError  # a TLS record cut short (certificate failures are handled above)
         | ConnectionError
         | TimeoutError,
     ):
@@ -216,7 +221,16 @@ def _connection_detail(cause: BaseException) -> str:
         return "connection reset"
     if isinstance(cause, ConnectionRefusedError):
         return "connection refused"
-    if isinstance(cause, TimeoutError | requests.Timeout | urllib3.exceptions.TimeoutError):
+    if isinstance(cause, http.client.IncompleteRead):
+        return "body cut short"
+    if isinstance(
+        cause,
+        TimeoutError
+        | requests.Timeout
+        | urllib3.exceptions.TimeoutError
+        | ServiceRequestTimeoutError
+        | ServiceResponseTimeoutError,
+    ):
         return "timed out"
     return f"connection failed ({type(cause).__name__})"
 
@@ -233,5 +247,11 @@ def translate(op: str, key: str, *, store: str = "") -> Iterator[None]:
         yield
     except StorageError:
         raise
-    except (AzureError, requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+    except (
+        AzureError,
+        requests.RequestException,
+        urllib3.exceptions.HTTPError,
+        http.client.HTTPException,
+        OSError,
+    ) as exc:
         raise map_error(exc, op=op, key=key, store=store) from None

@@ -162,6 +162,13 @@ class FaultyStore:
     def read(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
         return self._call("read", key, self.inner.read, key, offset, length, etag=etag)
 
+    def read_into(
+        self, key: str, offset: int, buffer: memoryview, *, etag: str | None = None
+    ) -> int:
+        # The same operation as `read` for plans and counters: fail("read")
+        # fails both, attempts["read"] counts both.
+        return self._call("read", key, self.inner.read_into, key, offset, buffer, etag=etag)
+
     def stage_block(self, key: str, block_id: str, data: bytes) -> None:
         self._call("stage_block", key, self.inner.stage_block, key, block_id, data)
 

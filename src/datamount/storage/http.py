@@ -2,15 +2,17 @@
 
 The store is rooted at scheme://host; a key is the URL path (and query)
 without its leading '/', as `StorageLocation.key` gives it. stat is a HEAD
-(size from Content-Length, version from ETag or else Last-Modified); read is
-a bounded ranged GET, pinned with If-Match when the server gave a strong ETag
-and checked against the answer's version otherwise. A server that ignores
+(size from Content-Length, version from ETag or else Last-Modified); read
+(and read_into, which copies what read returns) is a bounded ranged GET,
+pinned with If-Match when the server gave a strong ETag and checked against
+the answer's version otherwise. A server that ignores
 Range (200 instead of 206) still gives the right slice: the body is streamed
 up to the end of the range and the connection dropped, and
 `supports_ranges` turns False. Listing yields the one file. Writes raise.
 
 Threads: one pooled requests.Session shared by all threads (urllib3 pools are
-thread-safe); every request goes through the RetryPolicy.
+thread-safe); every request goes through the RetryPolicy. A request that
+receives no byte for `read_timeout` seconds fails as a transient error.
 Imports requests, `retry`, `storage.base`, `storage.errors`, `datamount.errors`.
 """
 
@@ -30,7 +32,8 @@ from datamount.retry import RetryPolicy
 from datamount.storage.base import ListPage, ObjectInfo, check_range
 from datamount.storage.errors import error_for_status, translate
 
-TIMEOUT = (10.0, 60.0)  # connect, read (seconds between bytes)
+CONNECT_TIMEOUT = 10.0
+DEFAULT_READ_TIMEOUT = 30.0  # seconds without a byte before a request is abandoned
 STREAM_CHUNK = 256 << 10
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 LM_PREFIX = "lm:"  # an etag made from Last-Modified (the server gave no ETag)
@@ -64,8 +67,10 @@ class HttpStore:
         pool_size: int = 16,
         retry: RetryPolicy | None = None,
         session: requests.Session | None = None,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
     ) -> None:
         self.root = root.rstrip("/")
+        self.timeout = (CONNECT_TIMEOUT, read_timeout)  # requests: (connect, between bytes)
         self.retry = retry or RetryPolicy()
         self.supports_ranges = True
         self._own_session = session is None
@@ -100,7 +105,7 @@ class HttpStore:
     def _stat(self, key: str) -> ObjectInfo:
         with translate("stat", self._name(key), store=self.root):
             r = self.session.head(
-                self._url(key), headers=IDENTITY, allow_redirects=True, timeout=TIMEOUT
+                self._url(key), headers=IDENTITY, allow_redirects=True, timeout=self.timeout
             )
             r.close()
             length = r.headers.get("Content-Length")
@@ -113,7 +118,10 @@ class HttpStore:
     def _stat_by_get(self, key: str) -> ObjectInfo:
         """For servers without HEAD or Content-Length: GET the first byte."""
         with self.session.get(
-            self._url(key), headers={"Range": "bytes=0-0", **IDENTITY}, stream=True, timeout=TIMEOUT
+            self._url(key),
+            headers={"Range": "bytes=0-0", **IDENTITY},
+            stream=True,
+            timeout=self.timeout,
         ) as r:
             if r.status_code == 416:  # an empty file
                 return ObjectInfo(key, 0, _version(r.headers), _last_modified(r.headers))
@@ -136,13 +144,23 @@ class HttpStore:
             self._read, key, offset, length, etag, description=f"read {self._name(key)!r}"
         )
 
+    def read_into(
+        self, key: str, offset: int, buffer: memoryview, *, etag: str | None = None
+    ) -> int:
+        # A public file is not the hot path: one copy from `read` is fine.
+        data = self.read(key, offset, len(buffer), etag=etag)
+        buffer[: len(data)] = data
+        return len(data)
+
     def _read(self, key: str, offset: int, length: int, etag: str | None) -> bytes:
         headers = {"Range": f"bytes={offset}-{offset + length - 1}", **IDENTITY}
         if etag and not etag.startswith((LM_PREFIX, "W/")):
             headers["If-Match"] = etag  # strong comparison: weak etags never match
         with (
             translate("read", self._name(key), store=self.root),
-            self.session.get(self._url(key), headers=headers, stream=True, timeout=TIMEOUT) as r,
+            self.session.get(
+                self._url(key), headers=headers, stream=True, timeout=self.timeout
+            ) as r,
         ):
             if r.status_code == 416:
                 return b""

@@ -10,7 +10,8 @@ assembling a hidden temp file and renaming it into place. The MD5 given at
 commit/put is kept in a `user.` extended attribute where the filesystem has
 them; metadata is not kept (nothing local reads it).
 
-Threads: no shared state; safe from any thread. Reads are positional (pread).
+Threads: no shared state; safe from any thread. Reads are positional (pread,
+or preadv straight into the caller's buffer).
 Imports `storage.base`, `storage.errors`, `datamount.errors`.
 """
 
@@ -189,6 +190,30 @@ class LocalStore:
                 if etag is not None and etag_of(os.fstat(fd)) != etag:
                     raise VersionChanged(f"read {key!r} failed: file changed", status=412)
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            finally:
+                os.close(fd)
+
+    def read_into(
+        self, key: str, offset: int, buffer: memoryview, *, etag: str | None = None
+    ) -> int:
+        if not isinstance(buffer, memoryview):  # a slice of a bytearray is a copy
+            buffer = memoryview(buffer)
+        check_range(offset, len(buffer))
+        path = self._path(key)
+        with translate("read", key):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if etag is not None and etag_of(os.fstat(fd)) != etag:
+                    raise VersionChanged(f"read {key!r} failed: file changed", status=412)
+                got, want = 0, len(buffer)
+                while got < want:  # preadv of > 2 GiB returns short on Linux
+                    n = os.preadv(fd, [buffer[got:]], offset + got)
+                    if not n:
+                        break
+                    got += n
+                if etag is not None and etag_of(os.fstat(fd)) != etag:
+                    raise VersionChanged(f"read {key!r} failed: file changed", status=412)
+                return got
             finally:
                 os.close(fd)
 

@@ -1,0 +1,177 @@
+"""The clients behind AzureBlobStore, shared per (endpoint, container,
+credential) and reference counted: the SDK's ContainerClient (listing,
+stat, commit, copy, delete) over one requests Session, and the RawClient
+(azure_raw: reads and small writes) over its own connection pool.
+
+Both pools hold `pool_size` keep-alive connections (the largest size any
+user asked for; the composition root sizes it to the thread counts). The
+SDK's retries are off (retry_total=0) and urllib3's too: every request goes
+once through the store's `RetryPolicy.call`. One azure-identity credential
+object serves both clients, so its token cache is shared.
+
+Threads: `acquire` / `release` take a module lock; the clients themselves
+are thread-safe. Imports azure-storage-blob, azure-identity (lazily),
+requests, `credentials`, `storage.azure_auth`, `storage.azure_raw`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+from azure.core.pipeline.transport import RequestsTransport
+from azure.storage.blob import ContainerClient
+from requests.adapters import HTTPAdapter
+
+from datamount.credentials import Credential, CredentialKind
+from datamount.errors import AccessDenied
+from datamount.storage.azure_auth import Anonymous, Auth, BearerAuth, SasAuth, SharedKeyAuth
+from datamount.storage.azure_raw import RawClient
+
+# Larger than any block a reader or downloader asks for (blocks are 2-64 MiB),
+# so a download_blob of one range is answered by its first and only GET.
+MAX_SINGLE_GET = 256 << 20
+MAX_SINGLE_PUT = 64 << 20  # an SDK upload_blob of up to 64 MiB is one Put Blob
+DATA_BLOCK = 256 << 10
+CONNECT_TIMEOUT = 10.0
+DEFAULT_READ_TIMEOUT = 30.0  # seconds without a byte before a request is abandoned
+TOKEN_KINDS = (CredentialKind.USER_IDENTITY, CredentialKind.MANAGED_IDENTITY)
+
+
+def sdk_credential(credential: Credential, account: str) -> Any:
+    kind = credential.kind
+    secret = credential.secret.reveal() if credential.secret else ""
+    if kind is CredentialKind.ACCOUNT_KEY:
+        return AzureNamedKeyCredential(account, secret)
+    if kind is CredentialKind.SAS:
+        return AzureSasCredential(secret)
+    if kind is CredentialKind.USER_IDENTITY:
+        from azure.identity import (
+            AzureCliCredential,
+            ChainedTokenCredential,
+            DefaultAzureCredential,
+        )
+
+        return ChainedTokenCredential(AzureCliCredential(), DefaultAzureCredential())
+    if kind is CredentialKind.MANAGED_IDENTITY:
+        from azure.identity import ManagedIdentityCredential
+
+        return ManagedIdentityCredential(client_id=credential.client_id)
+    return None
+
+
+def raw_auth(credential: Credential, account: str, sdk_cred: Any, *, https: bool) -> Auth:
+    """The RawClient's authorization for `credential` (sharing `sdk_cred`'s tokens)."""
+    secret = credential.secret.reveal() if credential.secret else ""
+    if credential.kind is CredentialKind.ACCOUNT_KEY:
+        return SharedKeyAuth(account, secret)
+    if credential.kind is CredentialKind.SAS:
+        return SasAuth(secret)
+    if sdk_cred is not None:
+        return BearerAuth(sdk_cred, https=https)
+    return Anonymous()
+
+
+def account_of(endpoint: str) -> str:
+    """The account name of a blob endpoint: the first label of the host, or
+    the first path segment for path-style endpoints (Azurite, IP addresses)."""
+    parts = urlsplit(endpoint)
+    path = parts.path.strip("/")
+    if path:
+        return path.split("/", 1)[0]
+    return (parts.hostname or "").split(".", 1)[0]
+
+
+@dataclass
+class Shared:
+    client: ContainerClient
+    raw: RawClient
+    session: requests.Session
+    adapter: HTTPAdapter
+    pool_size: int
+    users: int = 0
+
+
+_CLIENTS: dict[tuple[str, Credential], Shared] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _pooled_session(pool_size: int) -> tuple[requests.Session, HTTPAdapter]:
+    session = requests.Session()
+    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session, adapter
+
+
+def _create(
+    endpoint: str, container: str, credential: Credential, account: str, pool_size: int
+) -> Shared:
+    session, adapter = _pooled_session(pool_size)
+    transport = RequestsTransport(
+        session=session,
+        session_owner=False,
+        connection_timeout=CONNECT_TIMEOUT,
+        read_timeout=DEFAULT_READ_TIMEOUT,  # each store passes its own per call
+        # The SDK uses 256 KiB when it builds its own transport; a transport
+        # we pass in would default to 4 KiB chunks, which doubles the CPU
+        # cost of every MiB read (measured: 3.8 ms vs 2.0 ms per MiB).
+        connection_data_block_size=DATA_BLOCK,
+    )
+    account = account or account_of(endpoint)
+    https = endpoint.startswith("https:")
+    if credential.kind in TOKEN_KINDS and not https:
+        # The SDK refuses too (with a ValueError): a token never travels in clear.
+        raise AccessDenied(f"{credential.describe()} needs an https endpoint, not {endpoint}")
+    sdk_cred = sdk_credential(credential, account)
+    client = ContainerClient(
+        account_url=endpoint,
+        container_name=container,
+        credential=sdk_cred,
+        transport=transport,
+        retry_total=0,
+        max_single_get_size=MAX_SINGLE_GET,
+        max_single_put_size=MAX_SINGLE_PUT,
+    )
+    auth = raw_auth(credential, account, sdk_cred, https=https)
+    # The same x-ms-version as the SDK's requests.
+    raw = RawClient(endpoint, container, auth, api_version=client.api_version, pool_size=pool_size)
+    return Shared(client, raw, session, adapter, pool_size)
+
+
+def acquire(
+    endpoint: str, container: str, credential: Credential, account: str, pool_size: int
+) -> Shared:
+    key = (f"{endpoint}/{container}", credential)
+    with _CLIENTS_LOCK:
+        shared = _CLIENTS.get(key)
+        if shared is None:
+            shared = _CLIENTS[key] = _create(endpoint, container, credential, account, pool_size)
+        elif pool_size > shared.pool_size:
+            # A larger pool for the new user. Swapping the adapter's pool
+            # manager is one attribute store (re-mounting would mutate the
+            # adapter dict other threads iterate); requests in flight finish
+            # on connections of the old manager.
+            shared.adapter.init_poolmanager(4, pool_size)
+            shared.raw.pool.maxsize = pool_size
+            shared.pool_size = pool_size
+        shared.users += 1
+        return shared
+
+
+def release(endpoint: str, container: str, credential: Credential) -> None:
+    key = (f"{endpoint}/{container}", credential)
+    with _CLIENTS_LOCK:
+        shared = _CLIENTS.get(key)
+        if shared is None:
+            return
+        shared.users -= 1
+        if shared.users <= 0:
+            del _CLIENTS[key]
+            shared.client.close()
+            shared.session.close()
+            shared.raw.close()

@@ -1,0 +1,81 @@
+"""The resume manifest: which files of a download are complete, by size and
+etag, kept in the destination so a re-run skips them.
+
+One JSON object per line, appended (and flushed) as each file completes, so a
+killed run loses at most the files in flight. The first line names the source;
+a manifest for another source is ignored. Thread-safe (one lock).
+Imports nothing from the project.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from pathlib import Path
+
+MANIFEST_NAME = ".datamount-manifest.jsonl"
+
+
+class Manifest:
+    def __init__(self, dest: Path, source: str) -> None:
+        self.path = dest / MANIFEST_NAME
+        self.source = source
+        self._done: dict[str, tuple[int, str]] = {}
+        self._lock = threading.Lock()
+        self._file: object = None
+
+    def load(self) -> None:
+        """Read what an earlier run of the same source completed."""
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except (FileNotFoundError, UnicodeDecodeError):
+            return
+        if not lines or _parse(lines[0]).get("source") != self.source:
+            return
+        for line in lines[1:]:
+            entry = _parse(line)  # a torn last line (killed mid-write) parses as {}
+            if {"rel", "size", "etag"} <= entry.keys():
+                self._done[entry["rel"]] = (entry["size"], entry["etag"])
+
+    def is_complete(self, rel: str, size: int, etag: str, final: Path) -> bool:
+        if self._done.get(rel) != (size, etag):
+            return False
+        try:
+            return final.stat().st_size == size
+        except OSError:
+            return False
+
+    def open(self) -> None:
+        """Start writing: rewrite the header and the entries still valid."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write(json.dumps({"source": self.source}) + "\n")
+            for rel, (size, etag) in self._done.items():
+                out.write(json.dumps({"rel": rel, "size": size, "etag": etag}) + "\n")
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+
+    def record(self, rel: str, size: int, etag: str) -> None:
+        line = json.dumps({"rel": rel, "size": size, "etag": etag}) + "\n"
+        with self._lock:
+            self._done[rel] = (size, etag)
+            if self._file is not None:
+                self._file.write(line)  # type: ignore[attr-defined]
+                self._file.flush()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                with contextlib.suppress(OSError):
+                    self._file.close()  # type: ignore[attr-defined]
+                self._file = None
+
+
+def _parse(line: str) -> dict:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,92 @@
+"""What a download copies: the objects under a location, streamed page by
+page, each with the local relative path it lands at.
+
+Pure listing logic over an ObjectStore: no threads, no writes.
+Imports `storage.base`, `errors`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from datamount.errors import DataError, DatamountError, ObjectNotFound
+from datamount.storage.base import ObjectInfo, ObjectStore
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    key: str  # object key in the store
+    rel: str  # relative local path ('/'-separated, validated: no '..', no absolute)
+    size: int
+    etag: str
+
+
+class UnsafeName(DataError):
+    """An object name that cannot be a local path under the destination."""
+
+
+def safe_relative(name: str) -> str:
+    """`name` as a relative path that stays under the destination.
+
+    Doubled slashes collapse (blob stores allow 'a//b'); '.' and '..'
+    segments, NUL and names longer than a path component are refused.
+    """
+    parts = [p for p in name.split("/") if p]
+    if not parts or any(p in (".", "..") or "\x00" in p or len(p.encode()) > 255 for p in parts):
+        raise UnsafeName(f"object name {name!r} cannot be a local path")
+    return "/".join(parts)
+
+
+def is_folder_marker(obj: ObjectInfo) -> bool:
+    """A 0-byte object standing for a folder (ADLS / portal 'folders', 'x/' names)."""
+    return obj.is_dir or (obj.size == 0 and obj.key.endswith("/"))
+
+
+def folder_prefix(key: str) -> str:
+    return key if key == "" or key.endswith("/") else key + "/"
+
+
+def single_file(store: ObjectStore, key: str) -> SourceFile:
+    """The one object of a uri_file input; it lands under its own base name."""
+    if not key or key.endswith("/"):
+        raise DatamountError(f"{key or '(root)'}: a uri_file path must name a file, not a folder")
+    info = store.stat(key)
+    if info.is_dir:
+        raise DatamountError(f"{key}: is a folder; declare the input as uri_folder")
+    return SourceFile(key, safe_relative(posixpath.basename(key)), info.size, info.etag)
+
+
+def folder_pages(store: ObjectStore, key: str) -> Iterator[list[SourceFile]]:
+    """The files under folder `key`, one list per listing page (lazily).
+
+    An empty result is ObjectNotFound unless a folder marker proves the
+    folder exists (then the download is simply empty).
+    """
+    prefix = folder_prefix(key)
+    seen_any = False
+    for page in store.list_pages(prefix):
+        files = []
+        for obj in page.objects:
+            seen_any = True
+            if is_folder_marker(obj) or not obj.key.startswith(prefix):
+                continue
+            files.append(
+                SourceFile(obj.key, safe_relative(obj.key[len(prefix) :]), obj.size, obj.etag)
+            )
+        yield files
+    if not seen_any and not _exists_as_folder(store, key):
+        raise ObjectNotFound(f"{key or '(root)'}: no such folder")
+
+
+def _exists_as_folder(store: ObjectStore, key: str) -> bool:
+    if not key.strip("/"):
+        return True  # a container root exists if listing it worked
+    try:
+        info = store.stat(key.rstrip("/"))
+    except ObjectNotFound:
+        return False
+    if not info.is_dir:
+        raise DatamountError(f"{key}: is a file; declare the input as uri_file")
+    return True

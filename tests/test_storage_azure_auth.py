@@ -1,0 +1,142 @@
+"""Authorization of the raw request path (azure_auth): the Shared Key
+signature equals the SDK's byte for byte, bearer tokens are cached, and each
+credential kind gets its auth. No network."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from azure.core.pipeline import PipelineContext, PipelineRequest
+from azure.core.pipeline.transport import HttpRequest
+from azure.storage.blob._shared.authentication import (
+    SharedKeyCredentialPolicy,
+    _storage_header_sort,
+)
+
+from azurite import ACCOUNT, KEY
+from datamount.credentials import Credential, CredentialKind
+from datamount.errors import AccessDenied
+from datamount.storage.azure_auth import (
+    Anonymous,
+    BearerAuth,
+    SasAuth,
+    SharedKeyAuth,
+    header_order,
+)
+from datamount.storage.azure_clients import raw_auth
+
+
+def test_header_order_matches_the_sdk_collation() -> None:
+    rng = random.Random(5)
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789_"
+    for _ in range(300):
+        names = {
+            "x-ms-" + "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12)))
+            for _ in range(rng.randint(2, 8))
+        }
+        names |= {"x-ms-date", "x-ms-version", "x-ms-range", "x-ms-blob-type", "x-ms-meta-a_b"}
+        pairs = [(n, "v") for n in names]
+        assert sorted(names, key=header_order) == [n for n, _ in _storage_header_sort(pairs)]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "params", "headers"),
+    [
+        (
+            "GET",
+            "/devstoreaccount1/c/dir%20x/na%C3%AFve~.bin",
+            [],
+            {"x-ms-range": "bytes=5-1000", "If-Match": '"0x8D"', "x-ms-version": "2026-10-06"},
+        ),
+        (
+            "PUT",
+            "/c/blob",
+            [("comp", "block"), ("blockid", "MDAwMQ==")],
+            {"Content-Length": "4", "x-ms-version": "2026-10-06"},
+        ),
+        (
+            "PUT",
+            "/c/empty",
+            [],
+            {
+                "Content-Length": "0",
+                "Content-Type": "application/octet-stream",
+                "x-ms-blob-type": "BlockBlob",
+                "x-ms-meta-zeta": "1",
+                "x-ms-meta-alpha": "2",
+                "x-ms-blob-content-md5": "AAAA",
+            },
+        ),
+    ],
+)
+def test_shared_key_signature_equals_the_sdk_policy(
+    method: str, path: str, params: list[tuple[str, str]], headers: dict[str, str]
+) -> None:
+    headers = {**headers, "x-ms-date": "Sun, 01 Mar 2026 10:00:00 GMT"}
+    query = "&".join(f"{k}={v}" for k, v in params)
+    request = HttpRequest(method, f"http://127.0.0.1:1{path}" + (f"?{query}" if query else ""))
+    request.headers.update(headers)
+    SharedKeyCredentialPolicy(ACCOUNT, KEY).on_request(
+        PipelineRequest(request, PipelineContext(None))
+    )
+    ours = dict(headers)
+    SharedKeyAuth(ACCOUNT, KEY).sign(method, path, params, ours)
+    assert ours["Authorization"] == request.headers["Authorization"]
+
+
+def test_an_invalid_key_is_access_denied_without_the_key() -> None:
+    with pytest.raises(AccessDenied) as info:
+        SharedKeyAuth(ACCOUNT, "not base64!").sign("GET", "/c/b", [], {})
+    assert "not base64!" not in str(info.value)
+    assert "***" in repr(SharedKeyAuth(ACCOUNT, KEY)) and KEY not in repr(
+        SharedKeyAuth(ACCOUNT, KEY)
+    )
+
+
+@dataclass
+class FakeToken:
+    token: str
+    expires_on: int
+
+
+class FakeCredential:
+    def __init__(self, lifetime: float) -> None:
+        self.calls: list[str] = []
+        self.lifetime = lifetime
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> FakeToken:
+        self.calls.append(scopes[0])
+        return FakeToken(f"t{len(self.calls)}", int(time.time() + self.lifetime))
+
+
+def test_bearer_tokens_are_cached_until_near_expiry_and_need_https() -> None:
+    cred = FakeCredential(lifetime=3600)
+    auth = BearerAuth(cred, https=True)
+    for _ in range(3):
+        headers: dict[str, str] = {}
+        auth.sign("GET", "/c/b", [], headers)
+        assert headers["Authorization"] == "Bearer t1"
+    assert cred.calls == ["https://storage.azure.com/.default"]
+    short = FakeCredential(lifetime=60)  # inside the 5-minute refresh margin
+    auth = BearerAuth(short, https=True)
+    auth.sign("GET", "/c/b", [], {})
+    auth.sign("GET", "/c/b", [], {})
+    assert len(short.calls) == 2
+    with pytest.raises(AccessDenied):
+        BearerAuth(cred, https=False).sign("GET", "/c/b", [], {})
+
+
+def test_each_credential_kind_has_its_raw_auth() -> None:
+    cred = FakeCredential(lifetime=3600)
+    assert isinstance(
+        raw_auth(Credential.account_key(KEY), ACCOUNT, None, https=True), SharedKeyAuth
+    )
+    sas = raw_auth(Credential.sas("?sv=1&sig=abc"), ACCOUNT, None, https=True)
+    assert isinstance(sas, SasAuth) and sas.query == "sv=1&sig=abc"
+    managed = Credential(CredentialKind.MANAGED_IDENTITY, client_id="1")
+    assert isinstance(raw_auth(managed, ACCOUNT, cred, https=True), BearerAuth)
+    assert isinstance(raw_auth(Credential.anonymous(), ACCOUNT, None, https=True), Anonymous)
