@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import NoReturn
@@ -113,6 +114,8 @@ class HttpStore:
                 return self._stat_by_get(key)
             if not r.ok:
                 self._fail("stat", key, r)
+            # No 'Accept-Ranges: bytes': the downloader streams the file in one GET.
+            self.supports_ranges = r.headers.get("Accept-Ranges", "").lower() == "bytes"
             return ObjectInfo(key, int(length or 0), _version(r.headers), _last_modified(r.headers))
 
     def _stat_by_get(self, key: str) -> ObjectInfo:
@@ -151,6 +154,32 @@ class HttpStore:
         data = self.read(key, offset, len(buffer), etag=etag)
         buffer[: len(data)] = data
         return len(data)
+
+    def stream_into(self, key: str, fd: int, *, etag: str | None = None) -> int:
+        """The whole file in one GET, written into `fd` from offset 0 as it
+        arrives (servers without ranges). Retried as a whole; returns its size."""
+        return self.retry.call(self._stream, key, fd, etag, description=f"get {self._name(key)!r}")
+
+    def _stream(self, key: str, fd: int, etag: str | None) -> int:
+        with (
+            translate("read", self._name(key), store=self.root),
+            self.session.get(
+                self._url(key), headers=IDENTITY, stream=True, timeout=self.timeout
+            ) as r,
+        ):
+            if not r.ok:
+                self._fail("read", key, r)
+            if etag is not None and _version(r.headers) not in ("", etag):
+                raise VersionChanged(
+                    f"read {self._name(key)!r} failed: the file changed", status=412
+                )
+            pos = 0
+            for chunk in r.iter_content(STREAM_CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    n = os.pwrite(fd, view, pos)
+                    view, pos = view[n:], pos + n
+            return pos
 
     def _read(self, key: str, offset: int, length: int, etag: str | None) -> bytes:
         headers = {"Range": f"bytes={offset}-{offset + length - 1}", **IDENTITY}

@@ -207,6 +207,13 @@ class Downloader:
         self._schedule(job, slots=True)
 
     def _schedule(self, job: _Job, *, slots: bool) -> None:
+        if not getattr(self.store, "supports_ranges", True):  # a server without ranges
+            with job.lock:
+                job.pending = 1
+            if slots:
+                self._slots.acquire()
+            self._pool.submit(self._stream, job, slots)
+            return
         size, step = job.src.size, self.options.range_size
         ranges = [(off, min(step, size - off)) for off in range(0, size, step)]
         with job.lock:
@@ -254,6 +261,23 @@ class Downloader:
             with job.lock:
                 job.written += length
             self.progress.add_bytes(length)
+        except VersionChanged:
+            job.stale = True
+        except BaseException as exc:
+            self._fail(exc)
+        finally:
+            if slot:
+                self._slots.release()
+            self._range_done(job)
+
+    def _stream(self, job: _Job, slot: bool) -> None:
+        """One GET for the whole file, written as it arrives (no buffer of its size)."""
+        try:
+            if self._cancel.is_set():
+                return
+            got = self.store.stream_into(job.src.key, job.fd, etag=job.src.etag)  # type: ignore[attr-defined]
+            job.written = got
+            self.progress.add_bytes(got)
         except VersionChanged:
             job.stale = True
         except BaseException as exc:
