@@ -46,5 +46,8 @@ lint: setup
 demo: setup
 	$(BIN)/python scripts/demo.py
 
+bench: setup
+	$(BIN)/python benchmarks/transfer.py
+
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .demo

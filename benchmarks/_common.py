@@ -1,0 +1,300 @@
+"""Shared benchmark helpers: an Azurite to measure against, seeded datasets,
+one contender per subprocess (wall time, CPU seconds, peak RSS), byte checks and
+tables. The transfer benchmark uses them; the mount benchmark will too.
+
+Threads: seeding and hashing use small thread pools (the SDK and hashlib release
+the GIL); everything else runs on the caller's thread. Imports the test
+harness's Azurite launcher (tests/azurite.py) and the Azure SDK, never datamount
+itself: contenders are driven through their command lines only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from azure.storage.blob import ContainerClient
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the test harness's Azurite launcher
+
+from azurite import Azurite  # noqa: E402
+
+MiB = 1 << 20
+MB = 1_000_000  # throughput is reported in decimal MB/s, as DESIGN.md §7 does
+CHUNK = 8 * MiB  # generation and hashing chunk: large enough that the GIL is rarely held
+HASH_THREADS = max(2, os.cpu_count() or 2)
+RUSAGE = Path(__file__).with_name("_rusage.py")
+
+
+class BenchAzurite(Azurite):
+    """The test harness's in-memory Azurite, plus its memory use (it holds every blob in RAM)."""
+
+    def memory_mib(self) -> tuple[float, float]:
+        """(current RSS, peak RSS) of the Azurite node process in MiB; (0, 0) if not running."""
+        proc = self._proc
+        if proc is None:
+            return 0.0, 0.0
+        fields: dict[str, float] = {}
+        with contextlib.suppress(OSError), open(f"/proc/{proc.pid}/status") as status:
+            for line in status:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = int(value.split()[0]) / 1024  # kB
+        return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
+
+
+# -- datasets -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SeedFile:
+    """One file of a dataset: path relative to the dataset, size, and digests of its bytes."""
+
+    rel: str
+    size: int
+    sha256: str = ""
+    md5: bytes = b""
+
+
+@dataclass
+class Dataset:
+    """Files under one blob prefix. `prefix` is the blob name for a one-file dataset
+    (uri_file, e.g. "A/big.bin") and ends with "/" for a folder (e.g. "B/")."""
+
+    name: str
+    prefix: str
+    files: list[SeedFile]
+    local: Path | None = field(default=None)  # the folder holding local copies, once made
+
+    @property
+    def is_file(self) -> bool:
+        return not self.prefix.endswith("/")
+
+    @property
+    def total(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def blob_name(self, rel: str) -> str:
+        return self.prefix if self.is_file else self.prefix + rel
+
+    def describe(self) -> str:
+        size = self.files[0].size if len(set(f.size for f in self.files)) == 1 else 0
+        each = f" x {_human(size)}" if size and len(self.files) > 1 else ""
+        return f"{len(self.files):,} file(s){each}, {_human(self.total)} total"
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}" if n % scale == 0 else f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def standard_datasets(scale: float = 1.0) -> dict[str, Dataset]:
+    """A: one 1 GiB blob; B: 2,000 x 256 KiB in 20 folders; C: 10 x 100 MiB.
+    `scale` shrinks big files' sizes and the small files' count (never their size,
+    which is what makes B a per-request-cost test)."""
+    big = max(MiB, int((1 << 30) * scale))
+    part = max(MiB, int(100 * MiB * scale))
+    count = max(20, round(2000 * scale))
+    small = [SeedFile(f"d{i % 20:02d}/f{i // 20:04d}.bin", 256 * 1024) for i in range(count)]
+    return {
+        "A": Dataset("A", "A/big.bin", [SeedFile("big.bin", big)]),
+        "B": Dataset("B", "B/", sorted(small, key=lambda f: f.rel)),
+        "C": Dataset("C", "C/", [SeedFile(f"part-{i:02d}.bin", part) for i in range(10)]),
+    }
+
+
+def make_local(ds: Dataset, root: Path) -> Dataset:
+    """Write seeded random bytes for every file of `ds` under root/<name>/, recording
+    sha256 and md5; returns the dataset with digests and `local` set."""
+    folder = root / ds.name
+
+    def write(index_file: tuple[int, SeedFile]) -> SeedFile:
+        index, f = index_file
+        path = folder / f.rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(f"{ds.name}/{index}")  # reproducible, ~770 MB/s
+        sha, md5 = hashlib.sha256(), hashlib.md5()
+        with open(path, "wb") as out:
+            left = f.size
+            while left:
+                chunk = rng.randbytes(min(CHUNK, left))
+                sha.update(chunk)
+                md5.update(chunk)
+                out.write(chunk)
+                left -= len(chunk)
+        return SeedFile(f.rel, f.size, sha.hexdigest(), md5.digest())
+
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        files = list(pool.map(write, enumerate(ds.files)))
+    return Dataset(ds.name, ds.prefix, files, folder)
+
+
+def seed(container: ContainerClient, ds: Dataset, threads: int = 16) -> None:
+    """Upload the local copies of `ds` to `container`, 16 blobs at a time and each
+    large blob in 16 parallel blocks."""
+    local = ds.local
+    assert local is not None
+
+    def put(f: SeedFile) -> None:
+        with open(local / f.rel, "rb") as data:
+            container.upload_blob(
+                ds.blob_name(f.rel), data, length=f.size, overwrite=True, max_concurrency=16
+            )
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(put, ds.files))
+
+
+# -- checks -------------------------------------------------------------------
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_tree(dest: Path, ds: Dataset, tolerate: frozenset[str] = frozenset()) -> list[str]:
+    """Problems with the files under `dest` against `ds`: missing, extra (a leftover
+    partial file counts; the paths in `tolerate` do not), wrong size, wrong sha256.
+    Empty means every byte matches."""
+    found = {
+        str(Path(top, name).relative_to(dest)) for top, _, names in os.walk(dest) for name in names
+    } - tolerate
+    expected = {f.rel: f for f in ds.files}
+    problems = [f"missing {rel}" for rel in sorted(expected.keys() - found)]
+    problems += [f"unexpected file {rel}" for rel in sorted(found - expected.keys())]
+
+    def check(f: SeedFile) -> str | None:
+        path = dest / f.rel
+        if (size := path.stat().st_size) != f.size:
+            return f"{f.rel}: {size} bytes, expected {f.size}"
+        return None if sha256_file(path) == f.sha256 else f"{f.rel}: sha256 differs"
+
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        present = [expected[rel] for rel in sorted(expected.keys() & found)]
+        problems += [p for p in pool.map(check, present) if p]
+    return problems
+
+
+def verify_listing(container: ContainerClient, prefix: str, ds: Dataset) -> list[str]:
+    """Problems with the blobs under `prefix` against `ds`: names, sizes, and the
+    Content-MD5 where the service recorded one."""
+    listed = {b.name[len(prefix) :]: b for b in container.list_blobs(name_starts_with=prefix)}
+    expected = {f.rel: f for f in ds.files}
+    problems = [f"missing blob {rel}" for rel in sorted(expected.keys() - listed.keys())]
+    problems += [f"unexpected blob {rel}" for rel in sorted(listed.keys() - expected.keys())]
+    for rel in sorted(expected.keys() & listed.keys()):
+        blob, f = listed[rel], expected[rel]
+        md5 = blob.content_settings.content_md5
+        if blob.size != f.size:
+            problems.append(f"{rel}: {blob.size} bytes, expected {f.size}")
+        elif md5 and bytes(md5) != f.md5:
+            problems.append(f"{rel}: Content-MD5 differs")
+    return problems
+
+
+# -- measuring one contender ---------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One contender run: wall seconds, CPU seconds (user + sys), peak RSS, outcome."""
+
+    seconds: float
+    cpu: float
+    rss_mib: float
+    ok: bool
+    note: str = ""
+    stdout: str = ""
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the benchmark dies, even by SIGKILL."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def measure(argv: Sequence[str], env: dict[str, str], timeout: float) -> Run:
+    """Run `argv` through the _rusage.py launcher, which reaps it with os.wait4 and
+    reports its own wall time, CPU and peak RSS (see there why not from here). The
+    launcher leads a new process group: on timeout or interrupt the whole group dies."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp, "rusage.json")
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(RUSAGE), str(report), "--", *argv],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        timed_out = False
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # also anything it left behind
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        text = out.read_text(errors="replace")
+        lines = err.read_text(errors="replace").strip().splitlines()
+        usage = json.loads(report.read_text()) if report.exists() else {}
+    seconds = usage.get("seconds", 0.0)
+    cpu = usage.get("cpu", 0.0)
+    rss = usage.get("maxrss_kib", 0) / 1024
+    if timed_out:
+        return Run(timeout, cpu, rss, False, f"timed out after {timeout:.0f} s", text)
+    if proc.returncode != 0 or not usage:
+        last = lines[-1] if lines else "(no output)"
+        return Run(seconds, cpu, rss, False, f"exit {proc.returncode}: {last}", text)
+    return Run(seconds, cpu, rss, True, "", text)
+
+
+def best_of(runs: list[Run]) -> Run | None:
+    """The fastest successful run, with the highest peak RSS seen across runs
+    (memory bounds hold on every run, not the luckiest); None if a run failed."""
+    if not runs or not all(r.ok for r in runs):
+        return None
+    best = min(runs, key=lambda r: r.seconds)
+    return Run(best.seconds, best.cpu, max(r.rss_mib for r in runs), True, best.note)
+
+
+# -- reporting ------------------------------------------------------------------
+
+
+def print_table(title: str, total: int, rows: Sequence[tuple[str, Run | None, str]]) -> None:
+    """One table: contender, seconds, MB/s, CPU s, peak RSS MiB, and a note
+    (rows whose run is None failed; the note says why)."""
+    print(f"  {title}")
+    print(f"  {'contender':<10} {'seconds':>8} {'MB/s':>8} {'CPU s':>7} {'RSS MiB':>8}  check")
+    for name, run, note in rows:
+        note = note if len(note) <= 100 else note[:97] + "..."
+        if run is None:
+            print(f"  {name:<10} {'-':>8} {'-':>8} {'-':>7} {'-':>8}  {note}")
+            continue
+        rate = total / run.seconds / MB
+        print(
+            f"  {name:<10} {run.seconds:8.2f} {rate:8.1f} {run.cpu:7.2f} {run.rss_mib:8.1f}  {note}"
+        )
