@@ -398,3 +398,18 @@ def test_killed_download_resumes(azurite, container, tmp_path: Path) -> None:  #
     assert sum(store.reads.values()) == 300 - result.skipped_files
     assert tree(dest) == expected(blobs, "kill/")
     assert no_parts(dest)
+
+
+def test_tmpfs_destination_falls_back_to_buffered_writes(tmp_path: Path) -> None:
+    """tmpfs refuses O_DIRECT: the download still completes, byte for byte."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    import tempfile
+
+    blobs = {"aligned.bin": data(4 * RANGE), "odd.bin": data(3 * RANGE + 5)}
+    with tempfile.TemporaryDirectory(dir=shm) as dest:
+        Downloader(MemoryStore(blobs), options()).download(
+            "", Path(dest), is_file=False, source_id="t"
+        )
+        assert tree(Path(dest)) == expected(blobs)

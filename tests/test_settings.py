@@ -55,6 +55,7 @@ def test_defaults_follow_the_design_table() -> None:
     assert s.block_file_cache_write_threads == CORES * 2
     assert s.unmount_timeout_seconds == 30
     assert s.stall_timeout_seconds == 30
+    assert s.download_fsync is True
     assert s.cache_dir == Path("/home/u/.cache/datamount")
     assert s.log_dir == Path("/home/u/.cache/datamount/logs")
     assert s.workspace is None
@@ -80,6 +81,7 @@ def test_every_variable_is_read_from_the_environment() -> None:
         "DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS": "1",
         "DATASET_UNMOUNT_TIMEOUT_SECONDS": "2.5",
         "DATAMOUNT_STALL_TIMEOUT_SECONDS": "7",
+        "DATAMOUNT_DOWNLOAD_FSYNC": "false",
         "DATAMOUNT_CACHE_DIR": "/c",
         "DATAMOUNT_LOG_DIR": "/l",
         "DATAMOUNT_WORKSPACE": "/w/ws.yaml",
@@ -102,6 +104,7 @@ def test_every_variable_is_read_from_the_environment() -> None:
     assert s.block_file_cache_write_threads == 1
     assert s.unmount_timeout_seconds == 2.5
     assert s.stall_timeout_seconds == 7
+    assert s.download_fsync is False
     assert (s.cache_dir, s.log_dir) == (Path("/c"), Path("/l"))
     assert s.workspace == Path("/w/ws.yaml")
     assert s.log_level == "DEBUG"

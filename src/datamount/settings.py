@@ -202,6 +202,9 @@ class Settings(BaseSettings):
     unmount_timeout_seconds: Seconds = Field(30.0, alias="DATASET_UNMOUNT_TIMEOUT_SECONDS")
     # A storage read that receives no byte for this long is aborted and retried.
     stall_timeout_seconds: Seconds = Field(30.0, alias="DATAMOUNT_STALL_TIMEOUT_SECONDS")
+    # fsync every downloaded file before its rename (durable across a power loss);
+    # false: the rename alone (atomic for a process crash), at page-cache speed.
+    download_fsync: Flag = Field(True, alias="DATAMOUNT_DOWNLOAD_FSYNC")
 
     cache_dir: Path = Field(
         default_factory=lambda: default_cache_dir({}), alias="DATAMOUNT_CACHE_DIR"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import threading
 import time
@@ -42,6 +43,10 @@ log = logging.getLogger("datamount.transfer.download")
 # only 256 MiB of buffers... with the default 8 workers on 2 cores, 64 MiB.
 RANGE_SIZE = 8 << 20
 MAX_RESTARTS = 3  # a blob rewritten more often than this during one download fails
+# O_DIRECT alignment of offsets, lengths and buffer addresses: the page size
+# covers both 512e and 4Kn disks.
+ALIGN = 4096
+DIRECT_MIN = 64 << 10  # below this, O_DIRECT's uncached write is not worth it
 
 
 class NotEnoughSpace(DataError):
@@ -55,6 +60,8 @@ class DownloadOptions:
     reserved_free_disk_space: int = 150 << 20
     overwrite: bool = False
     max_restarts: int = MAX_RESTARTS
+    fsync: bool = True  # False: rename without fsync (process-crash safe, not power-loss safe)
+    direct_io: bool = True  # O_DIRECT for aligned ranges of files >= DIRECT_MIN, where supported
 
 
 @dataclass
@@ -75,7 +82,8 @@ class _Job:
     src: SourceFile
     final: Path
     part: Path
-    fd: int = -1
+    fd: int = -1  # buffered, or O_DIRECT when every write of the file is aligned
+    dfd: int = -1  # a second, O_DIRECT descriptor for the aligned ranges (else -1)
     pending: int = 0
     stale: bool = False
     restarts: int = 0
@@ -105,6 +113,7 @@ class Downloader:
         self._idle = threading.Condition(self._jobs_lock)
         self._made_dirs: set[Path] = set()
         self._restarts = 0
+        self._direct = options.direct_io
 
     # -- entry point -------------------------------------------------------
 
@@ -234,16 +243,54 @@ class Downloader:
             self._made_dirs.add(path)
 
     def _open_part(self, job: _Job) -> None:
-        job.fd = os.open(job.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        if job.src.size:
-            os.ftruncate(job.fd, job.src.size)  # pre-sized: ranges land by position
+        """Create the pre-sized .part; big files get O_DIRECT for their aligned ranges.
+
+        Measured here (1 GiB, 8 threads, Azurite): buffered pwrite costs 2.4-2.8 s
+        of kernel CPU per GiB (page-cache allocation in this VM), O_DIRECT 0.3 s,
+        and the download then runs at the read_into rate. Buffers are mmap'd,
+        so page aligned; range offsets are multiples of range_size.
+        """
+        size = job.src.size
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        direct = (
+            self._direct and size >= DIRECT_MIN and getattr(self.store, "supports_ranges", True)
+        )
+        job.fd = job.dfd = -1
+        if direct and size % ALIGN == 0:
+            job.fd = self._open_direct(job.part, flags)
+        if job.fd < 0:
+            job.fd = os.open(job.part, flags, 0o644)
+            if direct:
+                job.dfd = self._open_direct(job.part, os.O_WRONLY | os.O_CLOEXEC)
+        if size:
+            os.ftruncate(job.fd, size)  # pre-sized: ranges land by position
+
+    def _open_direct(self, path: Path, flags: int) -> int:
+        try:
+            return os.open(path, flags | os.O_DIRECT, 0o644)
+        except OSError as exc:  # tmpfs and some FUSE filesystems refuse O_DIRECT
+            log.info("O_DIRECT unavailable in %s (%s): buffered writes", path.parent, exc.strerror)
+            self._direct = False
+            return -1
+
+    def _write(self, job: _Job, view: memoryview, offset: int) -> None:
+        aligned = offset % ALIGN == 0 and len(view) % ALIGN == 0
+        fd = job.dfd if job.dfd >= 0 and aligned else job.fd
+        _pwrite_all(fd, view, offset)
+
+    def _close_fds(self, job: _Job) -> None:
+        for fd in (job.fd, job.dfd):
+            if fd >= 0:
+                os.close(fd)
+        job.fd = job.dfd = -1
 
     # -- workers ----------------------------------------------------------
 
     def _buffer(self) -> memoryview:
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = memoryview(bytearray(self.options.range_size))
+            # mmap: page-aligned, as O_DIRECT needs
+            buf = self._local.buf = memoryview(mmap.mmap(-1, self.options.range_size))
         return buf
 
     def _fetch(self, job: _Job, offset: int, length: int, slot: bool) -> None:
@@ -257,7 +304,7 @@ class Downloader:
                     f"{job.src.key}: short read at {offset} ({got} of {length} bytes)",
                     transient=False,
                 )
-            _pwrite_all(job.fd, view, offset)
+            self._write(job, view, offset)
             with job.lock:
                 job.written += length
             self.progress.add_bytes(length)
@@ -321,18 +368,18 @@ class Downloader:
         self.progress.unbytes(job.written)
         job.src = SourceFile(job.src.key, job.src.rel, info.size, info.etag)
         job.written, job.stale = 0, False
-        os.ftruncate(job.fd, 0)
-        os.ftruncate(job.fd, info.size)
+        self._close_fds(job)
+        self._open_part(job)  # truncates: the new version starts from nothing
         if info.size == 0:
             self._finish(job)
         else:
             self._schedule(job, slots=False)  # from a worker: must not wait for a slot
 
     def _finish(self, job: _Job) -> None:
-        os.fsync(job.fd)
+        if self.options.fsync:
+            os.fsync(job.fd)
         size = os.fstat(job.fd).st_size
-        os.close(job.fd)
-        job.fd = -1
+        self._close_fds(job)
         if size != job.src.size:
             raise DatamountError(f"{job.part}: size {size} after download, expected {job.src.size}")
         os.replace(job.part, job.final)
@@ -341,9 +388,7 @@ class Downloader:
         self._forget(job)
 
     def _drop(self, job: _Job) -> None:
-        if job.fd >= 0:
-            os.close(job.fd)
-            job.fd = -1
+        self._close_fds(job)
         with contextlib.suppress(FileNotFoundError):
             job.part.unlink()
         self._forget(job)
