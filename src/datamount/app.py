@@ -7,11 +7,17 @@ No threads of its own yet.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from datamount import mountd
 from datamount.errors import (
     DataError,
     DatamountError,
@@ -22,12 +28,17 @@ from datamount.errors import (
     StorageError,
     UriError,
 )
+from datamount.fs.namespace import Namespace
+from datamount.fs.ops import ReadOnlyFS
 from datamount.location import StorageKind, StorageLocation
-from datamount.log import activity
+from datamount.log import RUNTIME_LOG, activity
+from datamount.reader import DirectReader, Reader
 from datamount.retry import RetryPolicy
 from datamount.settings import Settings
 from datamount.spec import DataInput, DataType, JobSpec, Mode, load_spec
+from datamount.stats import MountStats
 from datamount.storage import ObjectStore, open_store
+from datamount.storage.base import ListPage
 from datamount.transfer.download import Downloader, DownloadOptions, DownloadResult
 from datamount.transfer.progress import Progress
 from datamount.transfer.upload import Uploader, UploadOptions, UploadResult
@@ -231,6 +242,7 @@ def download(
                 threads=settings.downloader_threads,
                 reserved_free_disk_space=settings.reserved_free_disk_space,
                 overwrite=overwrite,
+                fsync=settings.download_fsync,
             )
             downloader = Downloader(store, options, progress)
             result = downloader.download(tgt.location.key, dest, is_file=is_file, source_id=uri)
@@ -286,15 +298,220 @@ def upload(
 
 
 def mount(
-    ctx: Context, spec_path: Path, mountpoint: Path, *, name: str | None, progress: Progress | None
+    ctx: Context,
+    spec_path: Path,
+    mountpoint: Path,
+    *,
+    name: str | None,
+    progress: Progress | None,
+    foreground: bool = False,
+    daemon_argv: list[str] | None = None,
+    ready_fd: int | None = None,
+    on_ready: Callable[[Path], None] | None = None,
 ) -> Path:
-    """The sidecar entry point; returns the path the job should use."""
-    spec = load_spec(spec_path)
-    entry = spec.entry(name)
-    if entry.mode is Mode.DOWNLOAD:
-        result = download(ctx, str(spec_path), mountpoint, name=entry.name, progress=progress)
-        return result.path
-    raise DatamountError(
-        f"{entry.direction}s.{entry.name}: mode {entry.mode.value} is not available yet "
-        "(this build supports: download)"
+    """The sidecar entry point; returns the path the job should use.
+
+    ro_mount: without `foreground`, starts the daemon (`daemon_argv`) and
+    returns once the mount answers; with it, serves the mount in this process
+    (calling `on_ready` with the path once it answers) until it is unmounted.
+    `ready_fd` is set in the spawned daemon: its handshake pipe to `mount`.
+    `progress` is entered here, around a download only.
+    """
+    readiness = mountd.Readiness(ready_fd)
+    try:
+        spec = load_spec(spec_path)
+        entry = spec.entry(name)
+        if entry.mode is Mode.DOWNLOAD:
+            # Progress reporting runs for the download only, not for a mount's lifetime.
+            with progress if progress is not None else contextlib.nullcontext():
+                result = download(
+                    ctx, str(spec_path), mountpoint, name=entry.name, progress=progress
+                )
+            return result.path
+        if entry.mode is not Mode.RO_MOUNT:
+            raise DatamountError(
+                f"{entry.direction}s.{entry.name}: mode {entry.mode.value} is not available yet "
+                "(this build supports: download, ro_mount)"
+            )
+        if entry.direction != "input":
+            raise SpecError(f"outputs.{entry.name}: ro_mount is an input mode")
+        return _ro_mount(
+            ctx, spec, entry, mountpoint, foreground=foreground, daemon_argv=daemon_argv,
+            readiness=readiness, on_ready=on_ready,
+        )  # fmt: skip
+    except DatamountError as exc:
+        readiness.fail(exc)
+        raise
+
+
+def _ro_mount(
+    ctx: Context,
+    spec: JobSpec,
+    entry: DataInput,
+    mountpoint: Path,
+    *,
+    foreground: bool,
+    daemon_argv: list[str] | None,
+    readiness: mountd.Readiness,
+    on_ready: Callable[[Path], None] | None,
+) -> Path:
+    settings = ctx.settings
+    mountpoint = Path(mountd.mount_key(mountpoint))
+    workspace = ctx.load_workspace(required=False) or Workspace.empty()
+    location = resolve_entry(spec, entry, workspace)
+    is_file = entry.type is DataType.URI_FILE
+    label = f"inputs.{entry.name}"
+    # The user-facing process records the activity; the daemon it spawns does not.
+    recording = readiness.fd is None
+    with contextlib.ExitStack() as cleanup:
+        recorder = activity("mount", input=label, mountpoint=mountpoint)
+        with recorder if recording else contextlib.nullcontext():
+            mountd.prepare_mountpoint(mountpoint, settings.cache_dir)
+            store = make_store(settings, location, make_retry(settings))
+            cleanup.callback(store.close)
+            _check_source(store, location, is_file)
+            path = (
+                mountpoint / location.key.rstrip("/").rpartition("/")[2] if is_file else mountpoint
+            )
+            if not foreground:
+                if daemon_argv is None:
+                    raise DatamountError("mount: no daemon command to start")
+                pid = mountd.spawn(
+                    daemon_argv, mountpoint=mountpoint, log_file=settings.log_dir / RUNTIME_LOG
+                )
+                log.info("mounted %s at %s (daemon pid %d)", location.uri(), mountpoint, pid)
+                return path
+            stats = MountStats()
+            reader = make_reader(settings, store, stats)
+            cleanup.callback(reader.close)
+            fs = make_fs(settings, store, reader, location, is_file=is_file)
+            cleanup.callback(fs.close)
+            daemon = _daemon(ctx, spec, entry, location, fs, stats, mountpoint)
+            daemon.start()
+        readiness.ok()
+        if on_ready is not None:
+            on_ready(path)
+        daemon.run()
+        return path
+
+
+def _check_source(store: ObjectStore, location: StorageLocation, is_file: bool) -> None:
+    """The data exists (before anything is mounted): DataError otherwise."""
+    uri = location.uri()
+    try:
+        if is_file:
+            if location.is_folder:
+                raise DataError(f"{uri}: a uri_file path must name a file, not a folder")
+            if store.stat(location.key).is_dir:
+                raise DataError(f"{uri}: is a folder, not a file (use type uri_folder)")
+            return
+        if location.kind is StorageKind.HTTP:
+            raise DataError(f"{uri}: an http(s) URL is one file: mount it as a uri_file")
+        prefix = location.key.rstrip("/")
+        pages = store.list_pages(prefix + "/" if prefix else "", delimiter="/")
+        first = next(iter(pages), ListPage())
+        if prefix and not (first.objects or first.prefixes):
+            raise DataError(f"{uri}: no such folder (nothing is stored under it)")
+    except ObjectNotFound as exc:
+        raise DataError(f"{uri}: not found ({exc})") from None
+    except StorageError as exc:
+        raise DataError(f"cannot read {uri}: {exc}") from None
+
+
+def make_reader(settings: Settings, store: ObjectStore, stats: MountStats) -> Reader:
+    """The read path under a mount: the one place a Reader is chosen.
+
+    Today DirectReader: one bounded ranged GET per FUSE read, no cache, no
+    prefetch. The BlockReader (fetcher, two-lane scheduler, prefetch policy,
+    TieredCache of RAM and disk under settings.cache_dir) is built here from
+    `settings`, counting into `stats`, once it lands; nothing else changes.
+    """
+    return DirectReader(store)
+
+
+def make_fs(
+    settings: Settings,
+    store: ObjectStore,
+    reader: Reader,
+    location: StorageLocation,
+    *,
+    is_file: bool,
+) -> ReadOnlyFS:
+    """Namespace (listings, attribute cache) + reader -> the filesystem ops."""
+    namespace = Namespace(
+        store,
+        "" if is_file else location.key,
+        file_key=location.key if is_file else None,
+        ttl=attribute_ttl(settings),
     )
+    return ReadOnlyFS(namespace, reader, store_id=location.store_root)
+
+
+def attribute_ttl(settings: Settings) -> float | None:
+    """DATASET_MOUNT_ATTRIBUTE_CACHE_TTL in seconds; None = never expires."""
+    ms = settings.attribute_cache_ttl_ms
+    return None if ms is None else ms / 1000.0
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "input"
+
+
+def _daemon(
+    ctx: Context,
+    spec: JobSpec,
+    entry: DataInput,
+    location: StorageLocation,
+    fs: ReadOnlyFS,
+    stats: MountStats,
+    mountpoint: Path,
+) -> mountd.MountDaemon:
+    settings = ctx.settings
+    name = _safe_name(entry.name)
+    stats_file = settings.log_dir / f"mount-stats-{name}.json"
+    uri = location.uri()
+    state = mountd.MountState(
+        pid=os.getpid(),
+        mountpoint=str(mountpoint),
+        spec=str(spec.source or ""),
+        input=entry.name,
+        uri=uri,
+        started=time.time(),
+        stats_file=str(stats_file),
+    )
+    config = mountd.DaemonConfig(
+        mountpoint=mountpoint,
+        fsname=f"datamount:{name}",
+        ttl_seconds=attribute_ttl(settings),
+        drain_timeout=settings.unmount_timeout_seconds,
+        # One FUSE worker per concurrent storage read, at least libfuse's 10.
+        max_threads=max(16, settings.read_threads),
+        state=state,
+        state_file=mountd.state_file(settings.cache_dir, mountpoint),
+        stats_file=stats_file,
+        allow_other=os.geteuid() == 0,
+    )
+
+    def snapshot() -> dict[str, Any]:
+        return {
+            "mountpoint": str(mountpoint),
+            "input": entry.name,
+            "uri": uri,
+            "pid": os.getpid(),
+            "updated": time.time(),
+            "cache": stats.snapshot(),
+            "fs": fs.counters(),
+        }
+
+    return mountd.MountDaemon(fs, config, snapshot)
+
+
+def unmount(ctx: Context, mountpoint: Path, *, timeout: float | None = None) -> str:
+    """Drain and unmount a ro_mount; returns what was done."""
+    settings = ctx.settings
+    mountpoint = Path(mountd.mount_key(mountpoint))
+    wait = settings.unmount_timeout_seconds if timeout is None else timeout
+    with activity("unmount", mountpoint=mountpoint):
+        how = mountd.unmount(mountpoint, cache_dir=settings.cache_dir, timeout=wait)
+    log.info("unmount %s: %s", mountpoint, how)
+    return how

@@ -102,12 +102,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="make an input available at MOUNTPOINT (the sidecar entry point)",
         description=(
             "Prepare one spec entry at MOUNTPOINT as its mode says and return when it is "
-            "ready; prints the path the job should use. Modes available: download."
+            "ready; prints the path the job should use. ro_mount: a read-only FUSE mount "
+            "served by a background daemon (stays attached with --foreground); a uri_file "
+            "shows as MOUNTPOINT/<file name>. download: MOUNTPOINT is the destination."
         ),
     )
     p.add_argument("spec", metavar="SPEC", help="spec YAML")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="where the data appears")
     p.add_argument("--input", metavar="NAME", help="which input (when the spec has several)")
+    p.add_argument(
+        "--foreground",
+        action="store_true",
+        help="ro_mount: serve the mount in this process until it is unmounted or signalled",
+    )
+    # Internal: the daemon's end of the start-up handshake with `mount`.
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+    p = sub.add_parser(
+        "unmount",
+        parents=[common],
+        help="drain and unmount a ro_mount",
+        description=(
+            "Wait until no file is open under MOUNTPOINT (at most --timeout seconds), "
+            "unmount it and stop its daemon; still busy at the deadline, the unmount is forced."
+        ),
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="the mount point")
+    p.add_argument(
+        "--timeout",
+        metavar="S",
+        type=float,
+        help="seconds to wait for open files (default: $DATASET_UNMOUNT_TIMEOUT_SECONDS, 30)",
+    )
     return parser
 
 
@@ -146,6 +172,7 @@ def _run(ctx: app.Context, args: argparse.Namespace) -> int:
         "download": _download,
         "upload": _upload,
         "mount": _mount,
+        "unmount": _unmount,
     }
     commands[args.command](ctx, args)
     return EXIT_OK
@@ -192,11 +219,44 @@ def _upload(ctx: app.Context, args: argparse.Namespace) -> None:
 
 
 def _mount(ctx: app.Context, args: argparse.Namespace) -> None:
-    with _progress("download") as progress:
-        path = app.mount(
-            ctx, Path(args.spec), Path(args.mountpoint), name=args.input, progress=progress
-        )
-    print(path)
+    printed: list[Path] = []
+
+    def ready(path: Path) -> None:  # --foreground: the path as soon as the mount answers
+        print(path, flush=True)
+        printed.append(path)
+
+    path = app.mount(
+        ctx, Path(args.spec), Path(args.mountpoint), name=args.input,
+        progress=_progress("download"),  # entered by the app for a download only
+        foreground=args.foreground or args.ready_fd is not None,
+        daemon_argv=_daemon_argv(ctx, args), ready_fd=args.ready_fd, on_ready=ready,
+    )  # fmt: skip
+    if not printed:
+        print(path)
+
+
+def _daemon_argv(ctx: app.Context, args: argparse.Namespace) -> list[str]:
+    """The command line of the background daemon: this `mount`, in the
+    foreground, with every path absolute (the daemon runs in '/')."""
+    settings = ctx.settings
+    argv = [
+        sys.executable, "-m", "datamount.cli", "mount",
+        str((ctx.cwd / args.spec).resolve()), os.path.abspath(ctx.cwd / args.mountpoint),
+        "--foreground",
+        "--cache-dir", str((ctx.cwd / settings.cache_dir).resolve()),
+        "--log-dir", str((ctx.cwd / settings.log_dir).resolve()),
+    ]  # fmt: skip
+    if args.input:
+        argv += ["--input", args.input]
+    workspace = ctx.workspace_path()
+    if ctx.workspace_is_explicit() or workspace.exists():
+        argv += ["--workspace", str((ctx.cwd / workspace).resolve())]
+    return argv
+
+
+def _unmount(ctx: app.Context, args: argparse.Namespace) -> None:
+    how = app.unmount(ctx, Path(args.mountpoint), timeout=args.timeout)
+    print(f"{PROG}: {args.mountpoint}: {how}", file=sys.stderr)
 
 
 def _progress(verb: str) -> Progress:

@@ -1,0 +1,432 @@
+"""The disk tier: one self-checking file per block, written in the background.
+
+Layout. `root/ab/cd/<32 hex>.blk`, the hex being a BLAKE2b-128 of the block's
+full identity (store, key, etag, object size, block index). Two levels of 256
+folders (65,536 leaves, created on first use): a 1 TiB cache of 2 MiB blocks is
+524,288 files, about 8 per folder, and stays so when they all belong to one
+huge object, which a hash of (store, key) alone would pile into one folder.
+Blocks of another etag live under other names, so a handle pinned to the old
+version and one on the new version both cache without evicting each other.
+
+File format (FORMAT_VERSION 1): HEADER (magic, format version, lengths of the
+UTF-8 store/key/etag, block index, object size, data length, crc32 of the
+data), then store, key and etag, then the data. `get` checks every field
+against the key it was asked for, the file size and the checksum: a corrupt,
+truncated, foreign-version or other-format file is a miss and is removed. No
+fsync: a block torn by a power cut fails its checksum, and a cache may lose data.
+
+Writes never block a reader. `put` appends to a queue bounded in bytes
+(DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE, 512 MiB = 256 blocks of 2 MiB:
+what a 200 MB/s temp disk absorbs in 2.5 s); a block being written still
+counts, so RAM held for the disk is never above the bound. When the queue is
+full the block is skipped (`disk_queue_dropped`). A queued block is served by
+`get` from the queue. `write_threads` writers write `root/tmp/<name>.<tid>.tmp`
+and rename it, so a final name never holds a torn block.
+
+Accounting. The bytes of every indexed file (header + data) and of every write
+in flight are counted in memory. Before each write: if used + new exceeds
+limit(free, used) × prune_threshold, least-recently-used files are deleted until
+used + new ≤ limit × prune_target; if it still exceeds limit, the block is
+dropped. `free` is statvfs's f_bavail less the writes in flight, so the total
+never exceeds the bound. Directory inodes are not counted. The in-memory index
+costs ~200 bytes per block (100 MiB for the 1 TiB example above).
+
+Restart. `root/tmp` is emptied at start; a background thread indexes the
+existing files (oldest mtime = least recent). Meanwhile `get` reads any file by
+its path; writers wait for the index, so a bound is never checked against an
+incomplete sum. One process per root: two processes sharing it would each
+count only their own writes.
+
+Counting: this tier counts `disk_evictions` and `disk_queue_dropped`; hits and
+misses are counted by tiered.py. Threads: one indexer, `write_threads` writers.
+Imports `blocks` and `stats`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import struct
+import threading
+import zlib
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from pathlib import Path
+
+from datamount.blocks import BlockKey, ObjectId
+from datamount.stats import MountStats
+
+log = logging.getLogger("datamount.cache.disk")
+
+MAGIC = b"DMBLOCK\n"
+FORMAT_VERSION = 1
+# magic, format version, len(store), len(key), len(etag), block index, object size,
+# data length, crc32(data); then store, key, etag (UTF-8), then the data.
+HEADER = struct.Struct("<8sHIIIQQQI")
+SUFFIX = ".blk"
+TMP_DIR = "tmp"
+_INDEX_CHUNK = 4096  # entries inserted per lock hold while indexing: gets wait < 5 ms
+_HEX = frozenset("0123456789abcdef")
+
+
+def _identity(obj: ObjectId) -> tuple[bytes, bytes, bytes]:
+    def utf8(text: str) -> bytes:
+        return text.encode("utf-8", "surrogatepass")
+
+    return utf8(obj.store), utf8(obj.key), utf8(obj.etag)
+
+
+def block_name(key: BlockKey) -> str:
+    """The file name (without suffix) of a block: a hash of its full identity."""
+    parts = _identity(key.obj)
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(struct.pack("<IIIQQ", *map(len, parts), key.index, key.obj.size))
+    for part in parts:
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def encode_header(key: BlockKey, data: bytes) -> bytes:
+    store, name, etag = _identity(key.obj)
+    lengths = (len(store), len(name), len(etag))
+    fields = (key.index, key.obj.size, len(data), zlib.crc32(data))
+    return HEADER.pack(MAGIC, FORMAT_VERSION, *lengths, *fields) + store + name + etag
+
+
+def _free_bytes(root: Path) -> int:
+    st = os.statvfs(root)
+    return st.f_bavail * st.f_frsize
+
+
+class DiskCache:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        limit: Callable[[int, int], int],
+        prune_threshold: float,
+        prune_target: float,
+        write_threads: int,
+        max_queue_bytes: int,
+        stats: MountStats | None = None,
+        free_bytes: Callable[[], int] | None = None,
+    ) -> None:
+        """`limit(free_bytes, used_bytes)` is the total the cache may hold
+        (settings.cache_limit). `free_bytes` overrides os.statvfs(root) (tests
+        simulate a small disk with it)."""
+        if not 0.0 < prune_target <= prune_threshold <= 1.0:
+            raise ValueError("need 0 < prune_target <= prune_threshold <= 1")
+        if write_threads < 1 or max_queue_bytes < 0:
+            raise ValueError("need write_threads >= 1 and max_queue_bytes >= 0")
+        self.root = Path(root)
+        self._limit = limit
+        self._threshold = prune_threshold
+        self._target = prune_target
+        self._max_queue_bytes = max_queue_bytes
+        self._stats = stats
+        self._free = free_bytes or (lambda: _free_bytes(self.root))
+        self._tmp = self.root / TMP_DIR
+        self.root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self._tmp, ignore_errors=True)  # leftovers of a killed process
+        self._tmp.mkdir(exist_ok=True)
+
+        self._lock = threading.Lock()  # guards _index, _used, _in_flight
+        self._index: OrderedDict[str, int] = OrderedDict()  # name -> file size, LRU first
+        self._used = 0  # indexed files + writes in flight
+        self._in_flight = 0  # reserved by writers, not yet renamed
+        self._space_lock = threading.Lock()  # one writer at a time checks the bound
+        self._cond = threading.Condition()  # guards the queue and _closing
+        self._queue: deque[tuple[str, BlockKey]] = deque()
+        self._queued: dict[str, bytes] = {}  # queued or being written
+        self._queued_bytes = 0
+        self._closing = False
+        self._ready = threading.Event()  # the existing files are indexed
+
+        self._threads = [threading.Thread(target=self._index_existing, name="dm-disk-index")]
+        self._threads += [
+            threading.Thread(target=self._write_loop, name=f"dm-disk-writer-{i}")
+            for i in range(write_threads)
+        ]
+        for thread in self._threads:
+            thread.daemon = True
+            thread.start()
+
+    # --- the BlockCache protocol ---------------------------------------------------
+
+    def get(self, key: BlockKey) -> bytes | None:
+        name = block_name(key)
+        with self._cond:
+            queued = self._queued.get(name)
+            if self._closing:
+                return None
+        if queued is not None:
+            return queued
+        with self._lock:
+            if self._ready.is_set() and name not in self._index:
+                return None  # once built, the index knows every file: no syscall for a miss
+        path = self._path(name)
+        try:
+            found = self._read(path, key)
+        except FileNotFoundError:  # removed behind our back: stop counting it
+            with self._lock:
+                self._used -= self._index.pop(name, 0)
+            return None
+        except OSError as exc:
+            log.warning("disk cache: cannot read %s: %s", path, exc)
+            return None
+        if found is None:
+            log.warning("disk cache: removing invalid block %s", path)
+            self._forget(name, path)
+            return None
+        data, size = found
+        with self._lock:
+            if name in self._index:
+                self._index.move_to_end(name)
+            elif not self._ready.is_set():  # found before the indexer got there
+                self._index[name] = size
+                self._used += size
+        return data
+
+    def put(self, key: BlockKey, data: bytes) -> None:
+        name = block_name(key)
+        with self._lock:
+            if name in self._index:
+                return
+        dropped = False
+        with self._cond:
+            if self._closing or name in self._queued:
+                return
+            if self._queued_bytes + len(data) > self._max_queue_bytes:
+                dropped = True
+            else:
+                self._queue.append((name, key))
+                self._queued[name] = data
+                self._queued_bytes += len(data)
+                self._cond.notify()
+        if dropped and self._stats is not None:
+            self._stats.add(disk_queue_dropped=1)
+
+    def contains(self, key: BlockKey) -> bool:
+        name = block_name(key)
+        with self._cond:
+            if name in self._queued:
+                return True
+        with self._lock:
+            if name in self._index:
+                return True
+        return not self._ready.is_set() and self._path(name).is_file()
+
+    def close(self) -> None:
+        """Abandon the queued blocks, let each writer finish the block it is
+        writing, and join the threads."""
+        with self._cond:
+            self._closing = True
+            for name, _ in self._queue:
+                self._queued_bytes -= len(self._queued.pop(name))
+            self._queue.clear()
+            self._cond.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
+
+    # --- extras for the composition root and tests ----------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued block is written or dropped; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queued, timeout)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the files found at start are indexed."""
+        return self._ready.wait(timeout)
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return self._used
+
+    @property
+    def queued_bytes(self) -> int:
+        with self._cond:
+            return self._queued_bytes
+
+    def path_of(self, key: BlockKey) -> Path:
+        """Where the block's file is (or would be)."""
+        return self._path(block_name(key))
+
+    def _path(self, name: str) -> Path:
+        return self.root / name[0:2] / name[2:4] / (name + SUFFIX)
+
+    # --- reading ----------------------------------------------------------------------
+
+    @staticmethod
+    def _read(path: Path, key: BlockKey) -> tuple[bytes, int] | None:
+        """(data, file size), or None when the file is not exactly this block."""
+        store, name, etag = _identity(key.obj)
+        with open(path, "rb") as f:
+            file_size = os.fstat(f.fileno()).st_size
+            fixed = f.read(HEADER.size)
+            if len(fixed) != HEADER.size:
+                return None
+            magic, version, n_store, n_name, n_etag, index, size, length, crc = HEADER.unpack(fixed)
+            expected = (MAGIC, FORMAT_VERSION, len(store), len(name), len(etag))
+            if (magic, version, n_store, n_name, n_etag) != expected:
+                return None
+            if (index, size) != (key.index, key.obj.size):
+                return None
+            if file_size != HEADER.size + n_store + n_name + n_etag + length:
+                return None
+            if f.read(n_store + n_name + n_etag) != store + name + etag:
+                return None
+            data = f.read(length)
+        if len(data) != length or zlib.crc32(data) != crc:
+            return None
+        return data, file_size
+
+    def _forget(self, name: str, path: Path) -> None:
+        """Drop an invalid file from the index and the disk, in one step for pruners."""
+        with self._lock:
+            self._used -= self._index.pop(name, 0)
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    # --- writing ----------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closing or (self._queue and self._ready.is_set()))
+                if self._closing:
+                    return
+                name, key = self._queue.popleft()
+                data = self._queued[name]
+            try:
+                self._write(name, key, data)
+            except Exception:  # a writer must survive anything: the block is just not cached
+                log.exception("disk cache: writing a block failed")
+            finally:
+                with self._cond:
+                    del self._queued[name]
+                    self._queued_bytes -= len(data)
+                    self._cond.notify_all()  # flush() waiters
+
+    def _write(self, name: str, key: BlockKey, data: bytes) -> None:
+        header = encode_header(key, data)  # the crc32 runs here, off the reader's path
+        total = len(header) + len(data)
+        if self._closing or not self._reserve(name, total):
+            return
+        tmp = self._tmp / f"{name}.{threading.get_ident()}.tmp"
+        final = self._path(name)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header)
+                f.write(data)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            with self._lock:
+                self._used -= total
+                self._in_flight -= total
+            log.warning("disk cache: cannot write %s: %s", final, exc)
+            return
+        with self._lock:
+            self._in_flight -= total
+            self._index[name] = total
+
+    def _reserve(self, name: str, size: int) -> bool:
+        """Make room for `size` bytes (pruning LRU files) and count them as used."""
+        with self._space_lock:
+            with self._lock:
+                if name in self._index:
+                    return False
+                used, in_flight = self._used, self._in_flight
+            try:
+                free = max(0, self._free() - in_flight)
+            except OSError as exc:
+                log.warning("disk cache: statvfs %s: %s", self.root, exc)
+                return False
+            limit = self._limit(free, used)
+            if size > limit:
+                return False
+            if used + size > limit * self._threshold:
+                self._prune(int(limit * self._target) - size)
+            with self._lock:
+                if self._used + size > limit:
+                    return False
+                self._used += size
+                self._in_flight += size
+                return True
+
+    def _prune(self, goal: int) -> None:
+        """Delete least-recently-used files until the used bytes are <= goal."""
+        evicted = 0
+        while True:
+            with self._lock:  # one file per hold: readers interleave
+                if self._used <= goal or not self._index:
+                    break
+                name, size = self._index.popitem(last=False)
+                try:
+                    self._path(name).unlink(missing_ok=True)
+                except OSError as exc:  # still on disk: keep counting it, stop pruning
+                    self._index[name] = size
+                    self._index.move_to_end(name, last=False)
+                    log.warning("disk cache: cannot prune %s: %s", name, exc)
+                    break
+                self._used -= size
+            evicted += 1
+        if evicted and self._stats is not None:
+            self._stats.add(disk_evictions=evicted)
+
+    # --- restart --------------------------------------------------------------------
+
+    def _index_existing(self) -> None:
+        """Index the files a previous process left, oldest mtime first."""
+        found: list[tuple[int, str, int]] = []
+        try:
+            for top in _subdirs(self.root):
+                for leaf in _subdirs(top):
+                    if self._closing:
+                        return
+                    prefix = top.name + leaf.name
+                    for entry in os.scandir(leaf):
+                        name = entry.name.removesuffix(SUFFIX)
+                        if entry.name.endswith(SUFFIX) and _is_block_name(name, prefix):
+                            st = entry.stat()
+                            found.append((st.st_mtime_ns, name, st.st_size))
+        except OSError as exc:
+            log.warning("disk cache: indexing %s stopped: %s", self.root, exc)
+        finally:
+            found.sort(reverse=True)  # newest first: each goes to the front, so oldest ends first
+            for start in range(0, len(found), _INDEX_CHUNK):
+                with self._lock:
+                    for _, name, size in found[start : start + _INDEX_CHUNK]:
+                        if name not in self._index:
+                            self._index[name] = size
+                            self._index.move_to_end(name, last=False)
+                            self._used += size
+            self._ready.set()
+            with self._cond:
+                self._cond.notify_all()
+            if found:
+                log.info("disk cache: reusing %d blocks in %s", len(found), self.root)
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    return [
+        Path(e.path)
+        for e in os.scandir(folder)
+        if len(e.name) == 2 and _is_hex(e.name) and e.is_dir(follow_symlinks=False)
+    ]
+
+
+def _is_block_name(name: str, prefix: str) -> bool:
+    return len(name) == 32 and name[:4] == prefix and _is_hex(name)
+
+
+def _is_hex(text: str) -> bool:
+    return bool(text) and set(text) <= _HEX

@@ -1,0 +1,320 @@
+"""The thin FUSE adapter: mfusepy (libfuse 3) in front of `fs.ops.ReadOnlyFS`.
+
+One job: translate FUSE callbacks into ReadOnlyFS calls, and every failure
+into an errno through one funnel (`_funnel`): an OSError keeps its errno, any
+other exception is logged with its traceback and becomes EIO — the daemon
+never crashes on a bad request. The only module that imports mfusepy.
+
+Kernel-facing choices (see `run`):
+- read-only (`ro`), multithreaded (libfuse's worker pool, `max_threads`);
+- attr / entry / negative timeouts equal the attribute cache TTL (none set:
+  a year, i.e. never), so the kernel caches no longer than the daemon does;
+- `keep_cache` on an open whose pinned version is the one the previous open
+  saw: warm re-reads come from the page cache without entering Python;
+- reads as large as the kernel allows: libfuse 3 sizes max_pages from
+  max_write (1 MiB, FUSE_MAX_MAX_PAGES = 256 pages), so a read request
+  carries up to 1 MiB; readahead is what the kernel proposes (it can only be
+  lowered at INIT) and the daemon raises the mount's bdi readahead after;
+- readdirplus: directory entries carry their full attributes (the listing
+  already has them), so `ls -l` makes no lookup per entry. mfusepy 3.1 fills
+  only the mode; `_Fuse.readdir_fuse_3` fills the whole stat when the kernel
+  asks for plus.
+
+Threads: libfuse's workers call in concurrently; `run` blocks its calling
+thread until the filesystem is unmounted or `stop_loop` is called.
+Imports `fs.ops` and mfusepy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import mfusepy
+
+from datamount.fs.ops import ReadOnlyFS
+
+log = logging.getLogger("datamount.fuse")
+
+NEVER_SECONDS = 365 * 24 * 3600.0  # "never expires" for the kernel's caches
+MAX_IO = 1024 * 1024  # FUSE_MAX_MAX_PAGES (256) x 4 KiB: the largest FUSE request
+FUSE_READDIR_PLUS = 1  # enum fuse_readdir_flags
+FUSE_FILL_DIR_PLUS = 2  # enum fuse_fill_dir_flags
+WAKE_SIGNAL = signal.SIGUSR1  # interrupts libfuse's loop thread after fuse_exit
+# errnos that are answers, not failures: never logged
+_QUIET = {errno.ENOENT, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENODATA}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class MountFailed(RuntimeError):
+    """libfuse could not mount or run the filesystem (its message is in the log)."""
+
+
+def _to_errno(op: str, exc: BaseException) -> mfusepy.FuseOSError:
+    if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
+        if exc.errno not in _QUIET:
+            log.warning("%s: %s (errno %s)", op, exc, errno.errorcode.get(exc.errno, exc.errno))
+        return mfusepy.FuseOSError(exc.errno)
+    log.error("%s: unexpected %s, answering EIO", op, type(exc).__name__, exc_info=exc)
+    return mfusepy.FuseOSError(errno.EIO)
+
+
+def _funnel(method: F) -> F:
+    """The one errno funnel every callback goes through."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any) -> Any:
+        try:
+            return method(self, *args)
+        except Exception as exc:
+            raise _to_errno(method.__name__, exc) from None
+
+    return call  # type: ignore[return-value]
+
+
+def _funnel_iter(op: str, items: Iterator[Any]) -> Iterator[Any]:
+    """The same funnel for errors raised while a listing streams."""
+    try:
+        yield from items
+    except Exception as exc:
+        raise _to_errno(op, exc) from None
+
+
+class Adapter(mfusepy.Operations):
+    """Delegates every callback to ReadOnlyFS. Used with raw_fi=True, so
+    `open` can set keep_cache on libfuse's fuse_file_info."""
+
+    use_ns = True  # times in nanoseconds (ReadOnlyFS.stat_dict)
+
+    def __init__(
+        self, fs: ReadOnlyFS, *, ttl_seconds: float | None, on_ready: Callable[[], None]
+    ) -> None:
+        self.fs = fs
+        self.timeout = NEVER_SECONDS if ttl_seconds is None else ttl_seconds
+        self.on_ready = on_ready
+        self._fuse_ptr: int | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        if config is not None:
+            config.attr_timeout = self.timeout
+            config.entry_timeout = self.timeout
+            config.negative_timeout = self.timeout
+            config.kernel_cache = 0  # keep_cache is decided per open (pinned versions)
+            config.direct_io = 0
+        if conn is not None:
+            conn.max_write = MAX_IO  # libfuse derives max_pages (the read size) from it
+            log.info(
+                "FUSE init: protocol %d.%d, max_readahead %d, max_write %d, max_read %d, "
+                "capable 0x%x, want 0x%x, timeouts %.0f s",
+                conn.proto_major, conn.proto_minor, conn.max_readahead, conn.max_write,
+                conn.max_read, conn.capable, conn.want, self.timeout,
+            )  # fmt: skip
+        context = mfusepy._libfuse.fuse_get_context()  # NULL outside a FUSE thread
+        self._fuse_ptr = context.contents.fuse if context else None
+        self.on_ready()
+
+    def stop_loop(self, loop_thread: threading.Thread) -> None:
+        """End libfuse's loop from outside a callback (forced unmount): flag the
+        session as exited, then interrupt the loop thread's wait with a signal."""
+        if self._fuse_ptr is None or loop_thread.ident is None:
+            return
+        mfusepy._libfuse.fuse_exit(ctypes.c_void_p(self._fuse_ptr))
+        signal.pthread_kill(loop_thread.ident, WAKE_SIGNAL)
+
+    # -- reads -----------------------------------------------------------------
+
+    @_funnel
+    def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
+        return self.fs.getattr(path)
+
+    @_funnel
+    def access(self, path: str, amode: int) -> int:
+        self.fs.access(path, amode)
+        return 0
+
+    @_funnel
+    def statfs(self, path: str) -> dict[str, int]:
+        return self.fs.statfs()
+
+    @_funnel
+    def opendir(self, path: str) -> int:
+        return self.fs.opendir(path)
+
+    @_funnel
+    def readdir_with_offset(self, path: str, offset: int, fh: int) -> Iterator[Any]:
+        return _funnel_iter("readdir", self.fs.readdir(fh, offset))
+
+    @_funnel
+    def releasedir(self, path: str, fh: int) -> int:
+        self.fs.releasedir(fh)
+        return 0
+
+    @_funnel
+    def open(self, path: str, fi: Any) -> int:
+        opened = self.fs.open(path, fi.flags)
+        fi.fh = opened.fh
+        fi.keep_cache = 1 if opened.keep_cache else 0
+        fi.direct_io = 0
+        return 0
+
+    @_funnel
+    def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+        return self.fs.read(fi.fh, offset, size)
+
+    @_funnel
+    def release(self, path: str, fi: Any) -> int:
+        self.fs.release(fi.fh)
+        return 0
+
+    @_funnel
+    def flush(self, path: str, fi: Any) -> int:
+        return 0
+
+    @_funnel
+    def fsync(self, path: str, datasync: int, fi: Any) -> int:
+        return 0
+
+    @_funnel
+    def readlink(self, path: str) -> str:
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
+
+    # getxattr / listxattr are left out on purpose: libfuse answers ENOSYS once
+    # and the kernel stops asking, so the two xattr probes `ls -l` makes per
+    # file (ACL, security label) never reach Python.
+
+    # -- writes: all EROFS, through ReadOnlyFS so the rule lives in one place --
+
+    @_funnel
+    def create(self, path: str, mode: int, fi: Any = None) -> int:
+        return self.fs.create(path)
+
+    @_funnel
+    def write(self, path: str, data: bytes, offset: int, fh: Any) -> int:
+        return self.fs.write(path)
+
+    @_funnel
+    def truncate(self, path: str, length: int, fh: Any = None) -> int:
+        return self.fs.truncate(path)
+
+    @_funnel
+    def mkdir(self, path: str, mode: int) -> int:
+        return self.fs.mkdir(path)
+
+    @_funnel
+    def mknod(self, path: str, mode: int, dev: int) -> int:
+        return self.fs.mknod(path)
+
+    @_funnel
+    def unlink(self, path: str) -> int:
+        return self.fs.unlink(path)
+
+    @_funnel
+    def rmdir(self, path: str) -> int:
+        return self.fs.rmdir(path)
+
+    @_funnel
+    def rename(self, old: str, new: str) -> int:
+        return self.fs.rename(old, new)
+
+    @_funnel
+    def link(self, target: str, source: str) -> int:
+        return self.fs.link(target, source)
+
+    @_funnel
+    def symlink(self, target: str, source: str) -> int:
+        return self.fs.symlink(target, source)
+
+    @_funnel
+    def chmod(self, path: str, mode: int) -> int:
+        return self.fs.chmod(path)
+
+    @_funnel
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        return self.fs.chown(path)
+
+    @_funnel
+    def utimens(self, path: str, times: Any = None) -> int:
+        return self.fs.utimens(path)
+
+    @_funnel
+    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        return self.fs.setxattr(path)
+
+    @_funnel
+    def removexattr(self, path: str, name: str) -> int:
+        return self.fs.removexattr(path)
+
+    @_funnel
+    def fallocate(self, path: str, mode: int, offset: int, size: int, fh: Any) -> int:
+        return self.fs.fallocate(path)
+
+
+class _Fuse(mfusepy.FUSE):
+    """mfusepy's FUSE with readdirplus: when the kernel asks for it, each entry
+    goes out with its full attributes (FUSE_FILL_DIR_PLUS) instead of the mode
+    only, so the kernel needs no lookup per entry."""
+
+    def readdir_fuse_3(
+        self, path: bytes | None, buf: Any, filler: Any, offset: int, fip: Any, flags: int
+    ) -> int:
+        plus = bool(flags & FUSE_READDIR_PLUS)
+        st = mfusepy.c_stat()
+        for name, attrs, next_offset in self.operations.readdir_with_offset(
+            None, offset, fip.contents.fh
+        ):
+            ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+            if plus and name not in (".", ".."):
+                mfusepy.set_st_attrs(st, attrs, use_ns=True)
+                fill = FUSE_FILL_DIR_PLUS
+            else:
+                st.st_mode = attrs["st_mode"]
+                fill = 0
+            if filler(buf, name.encode(self.encoding, self.errors), st, next_offset, fill):
+                break  # the kernel's buffer is full; it asks again from next_offset
+        return 0
+
+
+def run(
+    fs: ReadOnlyFS,
+    mountpoint: str,
+    *,
+    ttl_seconds: float | None,
+    fsname: str,
+    allow_other: bool,
+    max_threads: int,
+    on_ready: Callable[[], None],
+    adapter_ready: Callable[[Adapter], None] = lambda a: None,
+) -> None:
+    """Mount `fs` at `mountpoint` and serve until it is unmounted.
+
+    `on_ready` runs (on a libfuse thread) once the kernel has connected.
+    Raises MountFailed when libfuse cannot mount or its loop fails.
+    """
+    adapter = Adapter(fs, ttl_seconds=ttl_seconds, on_ready=on_ready)
+    adapter_ready(adapter)
+    options: dict[str, Any] = {
+        "foreground": True,  # the daemon detaches itself (mountd); libfuse must not fork
+        "nothreads": False,
+        "ro": True,
+        "fsname": fsname,
+        "subtype": "datamount",
+        "max_threads": max_threads,
+        # libfuse 3.14 warns about its own default (UINT_MAX) unless this is set.
+        "max_idle_threads": max_threads,
+    }
+    if allow_other:
+        options["allow_other"] = True  # the job may run as another user than the daemon
+    try:
+        _Fuse(adapter, mountpoint, raw_fi=True, **options)
+    except RuntimeError as exc:
+        raise MountFailed(f"libfuse ended with status {exc}") from None

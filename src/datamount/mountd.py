@@ -1,0 +1,594 @@
+"""The mount daemon's lifecycle: mount point checks, start-up handshake,
+serving, draining, unmounting.
+
+One job: get a ReadOnlyFS mounted at a path, keep it there until it is asked
+to go, and leave nothing behind.
+
+- `prepare_mountpoint`: a stale mount left by a crashed daemon (ENOTCONN) is
+  cleared with `fusermount3 -uz`; a live mount or a non-empty directory is a
+  clear error; a missing directory is created.
+- `spawn` (the `mount` command without --foreground): starts the daemon as a
+  new session with stdio to the runtime log and waits on a readiness pipe
+  until the daemon reports the mount answers (or its one-line error), then
+  checks /proc/self/mountinfo itself. The daemon records its pid, spec and
+  mount point in a state file under <cache>/mounts/.
+- `MountDaemon` (the daemon, or `mount --foreground`): runs libfuse's loop
+  on a thread (the main thread keeps Python signal handlers: libfuse installs
+  its own only where the handler is SIG_DFL), writes the stats file every
+  STATS_INTERVAL seconds, and on SIGTERM/SIGINT/SIGHUP drains — waits up to
+  DATASET_UNMOUNT_TIMEOUT_SECONDS for open files to be closed — then unmounts
+  (`fusermount3 -u`), and if the mount is still busy at the deadline, forces
+  it (`fusermount3 -uz` and ends the loop).
+- `unmount` (the `unmount` command): retries `fusermount3 -u` until the mount
+  is no longer busy or the timeout passes, then forces it the same way and
+  ends the daemon; the daemon sees its loop end, logs its counters and exits.
+
+Threads: the caller's (main) thread and libfuse's loop thread with its
+workers. Imports `errors`, `log` and, lazily (it loads libfuse),
+`fs.fuse_adapter`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from datamount.errors import DataError, DatamountError
+from datamount.log import activity
+
+if TYPE_CHECKING:
+    from datamount.fs.fuse_adapter import Adapter
+    from datamount.fs.ops import ReadOnlyFS
+
+log = logging.getLogger("datamount.mountd")
+
+FSTYPE = "fuse.datamount"
+READY_TIMEOUT = 60.0  # a mount answers in well under a second; a loaded node may be slow
+STATS_INTERVAL = 5.0
+EXIT_WAIT = 10.0  # how long a daemon may take to log and exit once unmounted
+POLL = 0.1
+# Kernel readahead of the mount (its bdi): the kernel keeps up to this much in
+# flight in 1 MiB FUSE reads, so a sequential reader gets 4 concurrent requests
+# instead of one 128 KiB read at a time (the kernel's default).
+READAHEAD_KB = 4096
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Failed(DatamountError):
+    """An error reported by the daemon through the readiness pipe."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# -- the mount table ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    mountpoint: str
+    fstype: str
+    source: str
+    device: str  # "major:minor"
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
+    out = bytearray()
+    raw = field.encode("utf-8", "surrogateescape")
+    i = 0
+    while i < len(raw):
+        if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit():
+            out.append(int(raw[i + 1 : i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[MountEntry]:
+    entries = []
+    for line in mountinfo.read_text(encoding="utf-8", errors="surrogateescape").splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) >= 5 and len(tail) >= 2:
+            entries.append(MountEntry(_unescape(fields[4]), tail[0], _unescape(tail[1]), fields[2]))
+    return entries
+
+
+def mount_key(mountpoint: Path) -> str:
+    """The absolute, normalised form of a mount point (no stat: it may be stale)."""
+    return os.path.normpath(os.path.abspath(mountpoint))
+
+
+def find_mount(mountpoint: Path) -> MountEntry | None:
+    key = mount_key(mountpoint)
+    found = [m for m in mounts() if m.mountpoint == key]
+    return found[-1] if found else None  # the topmost of stacked mounts
+
+
+def is_stale(mountpoint: Path) -> bool:
+    """A FUSE mount whose daemon is gone (ENOTCONN). statfs always reaches the
+    daemon; a stat may be answered from the kernel's attribute cache."""
+    try:
+        os.statvfs(mountpoint)
+    except OSError as exc:
+        return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    return False
+
+
+def fusermount(mountpoint: Path, *, lazy: bool = False) -> tuple[bool, str]:
+    """`fusermount3 -u` (lazy: `-uz`, detach now, release when unused).
+    Returns (success, fusermount's message)."""
+    exe = shutil.which("fusermount3") or "/usr/bin/fusermount3"
+    flags = "-uz" if lazy else "-u"
+    try:
+        done = subprocess.run(
+            [exe, flags, mount_key(mountpoint)], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    return done.returncode == 0, done.stderr.strip()
+
+
+# -- processes and the state file ------------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, exited but not yet reaped, is not alive)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def wait_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL / 2)
+    return True
+
+
+def end_process(pid: int, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        if not alive(pid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        if wait_exit(pid, wait):
+            return
+
+
+@dataclass(frozen=True)
+class MountState:
+    """What a running daemon records about itself (<cache>/mounts/<hash>.json)."""
+
+    pid: int
+    mountpoint: str
+    spec: str
+    input: str
+    uri: str
+    started: float
+    stats_file: str
+
+
+def state_file(cache_dir: Path, mountpoint: Path) -> Path:
+    digest = hashlib.sha256(mount_key(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()
+    return cache_dir / "mounts" / f"{digest[:16]}.json"
+
+
+def read_state(cache_dir: Path, mountpoint: Path) -> MountState | None:
+    try:
+        data = json.loads(state_file(cache_dir, mountpoint).read_text())
+        return MountState(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+# -- before mounting -------------------------------------------------------------
+
+
+def prepare_mountpoint(mountpoint: Path, cache_dir: Path) -> None:
+    """Make `mountpoint` ready to mount on, or raise DataError saying why not."""
+    if is_stale(mountpoint):
+        state = read_state(cache_dir, mountpoint)
+        log.warning("%s: stale mount (its daemon is gone); clearing it", mountpoint)
+        if state is not None and state.pid != os.getpid():
+            end_process(state.pid)
+        ok, message = fusermount(mountpoint, lazy=True)
+        if not ok or is_stale(mountpoint):
+            raise DataError(f"mount point {mountpoint} holds a stale mount that cannot be "
+                            f"cleared: {message or 'fusermount3 -uz failed'}")  # fmt: skip
+        state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+    entry = find_mount(mountpoint)
+    if entry is not None:
+        state = read_state(cache_dir, mountpoint)
+        owner = f" by datamount pid {state.pid}" if state and alive(state.pid) else ""
+        raise DataError(
+            f"mount point {mountpoint} is busy: already mounted ({entry.fstype}{owner}); "
+            f"run `datamount unmount {mountpoint}` first"
+        )
+    if not mountpoint.exists():
+        mountpoint.mkdir(parents=True, exist_ok=True)
+    if not mountpoint.is_dir():
+        raise DataError(f"mount point {mountpoint} is not a directory")
+    try:
+        not_empty = any(os.scandir(mountpoint))
+    except OSError as exc:
+        raise DataError(f"mount point {mountpoint}: {exc.strerror or exc}") from None
+    if not_empty:
+        raise DataError(f"mount point {mountpoint} is not empty")
+
+
+# -- the parent side of the start-up handshake ------------------------------
+
+
+def spawn(
+    argv: list[str], *, mountpoint: Path, log_file: Path, timeout: float = READY_TIMEOUT
+) -> int:
+    """Start the daemon `argv` (+ `--ready-fd N`), wait until it reports the
+    mount ready, and return its pid. Raises the daemon's error otherwise."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    read_end, write_end = os.pipe()
+    try:
+        with open(log_file, "ab") as out:
+            proc = subprocess.Popen(
+                [*argv, "--ready-fd", str(write_end)],
+                pass_fds=(write_end,),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,  # survives the shell and its signals
+                cwd="/",  # holds no directory busy
+            )
+    finally:
+        os.close(write_end)
+    try:
+        line = _read_line(read_end, timeout)
+    finally:
+        os.close(read_end)
+    log.info("mount daemon pid %d: %s", proc.pid, line or "no answer")
+    message = json.loads(line) if line.startswith("{") else {}
+    if message.get("ready"):
+        entry = find_mount(mountpoint)
+        if entry is not None and entry.fstype == FSTYPE:
+            proc.returncode = 0  # detached on purpose: the daemon outlives this process
+            return proc.pid
+        message = {"error": f"the mount daemon reported ready but {mountpoint} is not mounted"}
+    if "error" in message:
+        try:
+            proc.wait(timeout=EXIT_WAIT)  # it exits by itself after reporting
+        except subprocess.TimeoutExpired:
+            end_process(proc.pid)
+        raise _Failed(str(message["error"]), int(message.get("exit_code", 1)))
+    try:
+        code: int | None = proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        code = None
+    end_process(proc.pid)
+    if find_mount(mountpoint) is not None or is_stale(mountpoint):
+        fusermount(mountpoint, lazy=True)
+    why = f"exited with status {code}" if code is not None else f"gave no answer in {timeout:.0f} s"
+    raise DataError(f"the mount daemon {why} before {mountpoint} was ready (details in {log_file})")
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.partition(b"\n")[0].decode("utf-8", "replace")
+
+
+class Readiness:
+    """The daemon's side of the handshake: one JSON line on the inherited fd."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        with contextlib.suppress(OSError):
+            os.write(fd, json.dumps(message).encode() + b"\n")
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def ok(self) -> None:
+        self._send({"ready": True})
+
+    def fail(self, exc: DatamountError) -> None:
+        self._send({"error": str(exc), "exit_code": exc.exit_code})
+
+
+# -- the daemon ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    mountpoint: Path
+    fsname: str
+    ttl_seconds: float | None  # None: attributes never expire
+    drain_timeout: float
+    max_threads: int
+    state: MountState
+    state_file: Path
+    stats_file: Path
+    allow_other: bool = os.geteuid() == 0
+    stats_interval: float = STATS_INTERVAL
+
+
+class MountDaemon:
+    """Serves one mount from the calling (main) thread: `start()` returns once
+    the mount answers, `run()` returns once it is gone."""
+
+    def __init__(
+        self, fs: ReadOnlyFS, config: DaemonConfig, stats: Callable[[], dict[str, Any]]
+    ) -> None:
+        self.fs = fs
+        self.config = config
+        self.stats = stats
+        self._ready = threading.Event()
+        self._ended = threading.Event()
+        self._wake = threading.Event()
+        self._signal: int | None = None
+        self._error: BaseException | None = None
+        self._adapter: Adapter | None = None
+        self._thread: threading.Thread | None = None
+        self._old_handlers: dict[int, Any] = {}
+
+    @property
+    def mountpoint(self) -> Path:
+        return self.config.mountpoint
+
+    # -- start ---------------------------------------------------------------
+
+    def start(self, timeout: float = READY_TIMEOUT) -> None:
+        try:
+            from datamount.fs import fuse_adapter
+        except (ImportError, OSError) as exc:
+            raise DataError(f"FUSE is not available: {exc} (install fuse3)") from None
+        self._install_signals()
+        cfg = self.config
+
+        def loop() -> None:
+            try:
+                fuse_adapter.run(
+                    self.fs, str(cfg.mountpoint), ttl_seconds=cfg.ttl_seconds,
+                    fsname=cfg.fsname, allow_other=cfg.allow_other,
+                    max_threads=cfg.max_threads, on_ready=self._ready.set,
+                    adapter_ready=self._set_adapter,
+                )  # fmt: skip
+            except BaseException as exc:  # reported by start() / run()
+                self._error = exc
+            finally:
+                self._ended.set()
+                self._wake.set()
+
+        self._thread = threading.Thread(target=loop, name="fuse-loop", daemon=True)
+        self._thread.start()
+        try:
+            self._wait_answering(timeout)
+        except BaseException:
+            self._abandon()
+            raise
+        self._raise_readahead()
+        _write_json(cfg.state_file, asdict(cfg.state))
+        self._write_stats()
+        log.info("mounted %s (%s, pid %d)", cfg.mountpoint, cfg.fsname, os.getpid())
+
+    def _set_adapter(self, adapter: Adapter) -> None:
+        self._adapter = adapter
+
+    def _wait_answering(self, timeout: float) -> None:
+        """Until the kernel connected and a stat of the mount point reaches us."""
+        deadline = time.monotonic() + timeout
+        parent_dev = os.stat(self.mountpoint.parent).st_dev
+        while True:
+            if self._ended.is_set():
+                why = self._error or "libfuse stopped"
+                raise DataError(f"mounting {self.mountpoint} failed: {why} (details in the log)")
+            if self._signal is not None:
+                raise DataError(f"mounting {self.mountpoint} interrupted by signal {self._signal}")
+            if self._ready.is_set():
+                with contextlib.suppress(OSError):
+                    if os.stat(self.mountpoint).st_dev != parent_dev:
+                        return
+            if time.monotonic() >= deadline:
+                raise DataError(f"mounting {self.mountpoint} did not complete in {timeout:.0f} s")
+            self._wake.wait(POLL / 2)
+            self._wake.clear()
+
+    def _abandon(self) -> None:
+        """Start-up failed: leave no mount and no handlers behind (a loop that
+        never reached init cannot be stopped: it ends with this process)."""
+        if not self._ended.is_set():
+            self._force(detach=find_mount(self.mountpoint) is not None)
+        self._restore_signals()
+
+    def _raise_readahead(self) -> None:
+        entry = find_mount(self.mountpoint)
+        if entry is None:
+            return
+        knob = Path(f"/sys/class/bdi/{entry.device}/read_ahead_kb")
+        try:
+            knob.write_text(str(READAHEAD_KB))
+        except OSError as exc:  # not root, or a read-only /sys: the kernel default stays
+            log.info("readahead of %s left as is: %s", self.mountpoint, exc.strerror or exc)
+
+    # -- signals ---------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # handlers need the main thread; unmount then comes from outside only
+        for sig in STOP_SIGNALS:
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        # Interrupts libfuse's loop thread in a forced stop (fuse_adapter.WAKE_SIGNAL).
+        self._old_handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda s, f: None)
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._signal is None:
+            self._signal = signum
+        self._wake.set()
+
+    # -- serve -------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until unmounted from outside or told to stop by a signal."""
+        cfg = self.config
+        next_stats = time.monotonic() + cfg.stats_interval
+        try:
+            while not self._ended.is_set() and self._signal is None:
+                self._wake.wait(max(0.0, next_stats - time.monotonic()))
+                self._wake.clear()
+                if time.monotonic() >= next_stats:
+                    self._write_stats()
+                    next_stats = time.monotonic() + cfg.stats_interval
+            if self._ended.is_set():
+                log.info("%s was unmounted from outside the daemon", cfg.mountpoint)
+            else:
+                name = signal.Signals(self._signal or signal.SIGTERM).name
+                with activity("unmount", mountpoint=cfg.mountpoint, reason=name):
+                    self.drain_and_unmount(cfg.drain_timeout)
+        finally:
+            self._finish()
+
+    def drain_and_unmount(self, timeout: float) -> None:
+        """Wait (up to `timeout` s) for open files to close, unmount; force
+        it when the mount is still busy at the deadline."""
+        mp = self.mountpoint
+        deadline = time.monotonic() + timeout
+        if find_mount(mp) is None:
+            log.info("%s is already detached; stopping", mp)
+            self._force(detach=False)
+            return
+        if not self.fs.wait_idle(timeout):
+            log.warning("%s: files still open after %.0f s", mp, timeout)
+        while True:
+            ok, message = fusermount(mp)
+            if ok or find_mount(mp) is None:
+                break
+            if time.monotonic() >= deadline:
+                log.warning("%s still busy after %.0f s (%s): forcing the unmount",
+                            mp, timeout, message)  # fmt: skip
+                self._force()
+                return
+            time.sleep(POLL)
+        if not self._ended.wait(EXIT_WAIT):
+            self._force(detach=False)
+        log.info("unmounted %s", mp)
+
+    def _force(self, *, detach: bool = True) -> None:
+        """Detach the mount now (open files keep it alive in the kernel) and end
+        libfuse's loop, which would otherwise serve those files on."""
+        if detach:
+            fusermount(self.mountpoint, lazy=True)
+        if self._adapter is not None and self._thread is not None:
+            self._adapter.stop_loop(self._thread)
+            self._ended.wait(EXIT_WAIT)
+
+    def _write_stats(self) -> None:
+        try:
+            _write_json(self.config.stats_file, self.stats())
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.config.stats_file, exc)
+
+    def _finish(self) -> None:
+        cfg = self.config
+        self._write_stats()
+        log.info("mount stats %s: %s", cfg.mountpoint, json.dumps(self.stats(), sort_keys=True))
+        with contextlib.suppress(OSError):
+            current = json.loads(cfg.state_file.read_text())
+            if current.get("pid") == os.getpid():
+                cfg.state_file.unlink()
+        self._restore_signals()
+        if not self._ended.is_set():
+            # libfuse did not let go: leave now rather than hang (the kernel
+            # aborts the connection when this process's /dev/fuse fd closes).
+            log.error("the FUSE loop of %s did not end; exiting", cfg.mountpoint)
+            logging.shutdown()
+            os._exit(1)
+        self.fs.close()
+
+
+# -- the unmount command ---------------------------------------------------------
+
+
+def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
+    """Drain and unmount a datamount mount; returns what was done."""
+    state = read_state(cache_dir, mountpoint)
+    pid = state.pid if state is not None and alive(state.pid) else None
+    if is_stale(mountpoint):
+        fusermount(mountpoint, lazy=True)
+        if pid is not None:
+            end_process(pid)
+        state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+        return "cleared a stale mount"
+    entry = find_mount(mountpoint)
+    if entry is None:
+        state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+        if pid is not None:
+            end_process(pid)
+            return "not mounted; stopped its daemon"
+        raise DataError(f"{mountpoint} is not mounted")
+    if entry.fstype != FSTYPE:
+        raise DataError(f"{mountpoint} is not a datamount mount ({entry.fstype})")
+    deadline = time.monotonic() + timeout
+    while True:
+        ok, message = fusermount(mountpoint)
+        if ok or find_mount(mountpoint) is None:
+            how = "unmounted"
+            break
+        if time.monotonic() >= deadline or "busy" not in message.lower():
+            log.warning("%s: %s; forcing the unmount", mountpoint, message)
+            fusermount(mountpoint, lazy=True)
+            if pid is not None:
+                os.kill(pid, signal.SIGTERM)  # detached: the daemon stops without draining
+            how = "forced (still busy)"
+            break
+        time.sleep(POLL)
+    if pid is not None and not wait_exit(pid, EXIT_WAIT):
+        log.warning("mount daemon %d did not exit; killing it", pid)
+        end_process(pid, grace=2.0)
+    state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+    return how

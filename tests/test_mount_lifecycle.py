@@ -1,0 +1,106 @@
+"""mountd without FUSE: the mount table, the state file, the start-up
+handshake with a stand-in daemon, and mount point checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from datamount import mountd
+from datamount.errors import DataError, DatamountError
+
+
+def test_mountinfo_parsing_unescapes_paths(tmp_path: Path) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
+        "90 22 0:45 / /tmp/with\\040space/mnt rw,nosuid,nodev shared:1 - fuse.datamount "
+        "datamount:train ro,user_id=0\n"
+    )
+    entries = mountd.mounts(info)
+    assert entries[1] == mountd.MountEntry(
+        "/tmp/with space/mnt", "fuse.datamount", "datamount:train", "0:45"
+    )
+    assert entries[0].fstype == "proc"
+
+
+def test_state_file_round_trip(tmp_path: Path) -> None:
+    state = mountd.MountState(pid=os.getpid(), mountpoint="/m", spec="/s.yaml", input="train",
+                              uri="https://x/c/p/", started=1.0, stats_file="/l/s.json")  # fmt: skip
+    path = mountd.state_file(tmp_path, Path("/m"))
+    assert path == mountd.state_file(tmp_path, Path("/m/../m/"))  # one file per mount point
+    mountd._write_json(path, state.__dict__)
+    assert mountd.read_state(tmp_path, Path("/m")) == state
+    path.write_text("{broken")
+    assert mountd.read_state(tmp_path, Path("/m")) is None
+
+
+def test_alive_treats_zombies_as_gone() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while mountd.alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not mountd.alive(proc.pid)  # exited, not yet reaped: a zombie
+    proc.wait()
+    assert mountd.alive(os.getpid())
+
+
+def test_mount_point_checks(tmp_path: Path) -> None:
+    fresh = tmp_path / "a" / "b"
+    mountd.prepare_mountpoint(fresh, tmp_path)
+    assert fresh.is_dir()  # created
+    (fresh / "x").write_text("x")
+    with pytest.raises(DataError, match="is not empty"):
+        mountd.prepare_mountpoint(fresh, tmp_path)
+    with pytest.raises(DataError, match="is not a directory"):
+        mountd.prepare_mountpoint(fresh / "x", tmp_path)
+
+
+def fake_daemon(body: str) -> list[str]:
+    """A stand-in daemon: `body` runs with `fd` = the readiness pipe."""
+    script = "import sys, os, time\nfd = int(sys.argv[sys.argv.index('--ready-fd') + 1])\n" + body
+    return [sys.executable, "-c", script]
+
+
+def test_spawn_relays_the_daemons_error(tmp_path: Path) -> None:
+    argv = fake_daemon(
+        'os.write(fd, b\'{"error": "storage unreachable", "exit_code": 3}\\n\')\nsys.exit(3)\n'
+    )
+    with pytest.raises(DatamountError) as caught:
+        mountd.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log")
+    assert str(caught.value) == "storage unreachable" and caught.value.exit_code == 3
+
+
+def test_spawn_reports_a_silent_exit(tmp_path: Path) -> None:
+    argv = fake_daemon("print('oops', file=sys.stderr)\nsys.exit(7)\n")
+    with pytest.raises(DataError, match="exited with status 7"):
+        mountd.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log")
+    assert "oops" in (tmp_path / "log").read_text()  # the daemon's stdio goes to the log
+
+
+def test_spawn_gives_up_on_a_daemon_that_never_answers(tmp_path: Path) -> None:
+    argv = fake_daemon("time.sleep(60)\n")
+    started = time.monotonic()
+    with pytest.raises(DataError, match="gave no answer"):
+        mountd.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log", timeout=0.5)
+    assert time.monotonic() - started < 15
+
+
+def test_readiness_writes_one_line_once() -> None:
+    r, w = os.pipe()
+    ready = mountd.Readiness(w)
+    ready.ok()
+    ready.fail(DataError("too late"))  # ignored: the pipe is closed after the first answer
+    assert os.read(r, 100) == b'{"ready": true}\n'
+    os.close(r)
+    mountd.Readiness(None).ok()  # no pipe (--foreground by hand): nothing to do
+
+
+def test_unmount_of_something_not_mounted(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="is not mounted"):
+        mountd.unmount(tmp_path, cache_dir=tmp_path, timeout=1)
