@@ -32,7 +32,8 @@ from datamount.fs.namespace import Namespace
 from datamount.fs.ops import ReadOnlyFS
 from datamount.location import StorageKind, StorageLocation
 from datamount.log import RUNTIME_LOG, activity
-from datamount.reader import DirectReader, Reader
+from datamount.reader import Reader
+from datamount.readstack import build_reader
 from datamount.retry import RetryPolicy
 from datamount.settings import Settings
 from datamount.spec import DataInput, DataType, JobSpec, Mode, load_spec
@@ -382,7 +383,7 @@ def _ro_mount(
                 log.info("mounted %s at %s (daemon pid %d)", location.uri(), mountpoint, pid)
                 return path
             stats = MountStats()
-            reader = make_reader(settings, store, stats)
+            reader = make_reader(settings, store, stats, location)
             cleanup.callback(reader.close)
             fs = make_fs(settings, store, reader, location, is_file=is_file)
             cleanup.callback(fs.close)
@@ -418,15 +419,11 @@ def _check_source(store: ObjectStore, location: StorageLocation, is_file: bool) 
         raise DataError(f"cannot read {uri}: {exc}") from None
 
 
-def make_reader(settings: Settings, store: ObjectStore, stats: MountStats) -> Reader:
-    """The read path under a mount: the one place a Reader is chosen.
-
-    Today DirectReader: one bounded ranged GET per FUSE read, no cache, no
-    prefetch. The BlockReader (fetcher, two-lane scheduler, prefetch policy,
-    TieredCache of RAM and disk under settings.cache_dir) is built here from
-    `settings`, counting into `stats`, once it lands; nothing else changes.
-    """
-    return DirectReader(store)
+def make_reader(
+    settings: Settings, store: ObjectStore, stats: MountStats, location: StorageLocation
+) -> Reader:
+    """The read path under a mount: the one place a Reader is chosen (readstack)."""
+    return build_reader(settings, store, stats, cache_key=location.uri())
 
 
 def make_fs(

@@ -1,5 +1,5 @@
 """pread-style reads of pinned object versions: the interface the filesystem
-ops use, and its simplest implementation.
+ops use, and its two implementations in block mode.
 
 `Reader.open(obj)` returns a handle pinned to `obj` (key + etag + size);
 `handle.read(offset, size)` returns bytes (short only at end of file) and
@@ -7,14 +7,31 @@ raises OSError (ESTALE when the version changed, EIO/EACCES...) on failure.
 Handles are independent and safe to use from several threads at once: reads
 are positional, there is no shared file position.
 
-Imports `blocks`, `storage.base`, `errors`.
+- `BlockReader`: a read asks the BlockFetcher for the blocks it covers (all
+  of them at once, so a read spanning blocks fetches them in parallel), tells
+  its handle's PrefetchPolicy what it read and schedules the blocks the policy
+  wants ahead, then waits for its own blocks only and assembles the bytes.
+  Consistency: every block is keyed by the handle's etag, so a read returns
+  bytes of that one version; once the object changes, a read that needs a
+  block not yet fetched fails with ESTALE (blocks already held or cached keep
+  serving the old version), never a mix of versions.
+- `DirectReader`: every read is one ranged request (tests, baselines).
+
+Threads: none of their own; reads run in the caller's thread and wait for the
+fetcher's workers. Imports `blocks`, `fetch`, `prefetch.policy`,
+`storage.base`.
 """
 
 from __future__ import annotations
 
+import errno
+import threading
+from collections import deque
 from typing import Protocol
 
-from datamount.blocks import ObjectId
+from datamount.blocks import BlockKey, ObjectId, block_count, blocks_for
+from datamount.fetch import BlockFetcher
+from datamount.prefetch.policy import PrefetchPolicy
 from datamount.storage.base import ObjectStore
 
 
@@ -56,3 +73,84 @@ class DirectReader:
 
     def close(self) -> None:
         return None
+
+
+class BlockHandle:
+    """One open file in block mode, with its own prefetch window."""
+
+    def __init__(
+        self, fetcher: BlockFetcher, obj: ObjectId, block_size: int, max_window: int
+    ) -> None:
+        self.fetcher = fetcher
+        self.obj = obj
+        self.block_size = block_size
+        self._policy = PrefetchPolicy(block_count(obj.size, block_size), max_window)
+        self._lock = threading.Lock()  # guards the policy and `_ahead`
+        # The latest prefetches of this handle, cancelled at close.
+        self._ahead: deque[int] = deque(maxlen=max(1, 2 * max_window))
+        self._closed = False
+
+    def read(self, offset: int, size: int) -> bytes:
+        if offset < 0 or size < 0:
+            raise OSError(errno.EINVAL, f"invalid read: offset={offset} size={size}")
+        if self._closed:
+            raise OSError(errno.EBADF, f"{self.obj.key}: read after close")
+        blocks = blocks_for(offset, size, self.obj.size, self.block_size)
+        if not blocks:
+            return b""
+        # Demand first: these fetches are queued before the prefetches below.
+        futures = [self.fetcher.start(BlockKey(self.obj, i)) for i in blocks]
+        with self._lock:
+            ahead = self._policy.on_read(blocks[0], blocks[-1])
+        self._prefetch(ahead)
+        end = offset + min(size, self.obj.size - offset)
+        parts = []
+        for index, future in zip(blocks, futures, strict=True):
+            data = future.result()
+            base = index * self.block_size
+            lo, hi = max(offset, base) - base, min(end, base + len(data)) - base
+            if len(blocks) == 1:
+                return data if lo == 0 and hi == len(data) else data[lo:hi]
+            parts.append(memoryview(data)[lo:hi])
+        return b"".join(parts)  # the one copy of a read that spans blocks
+
+    def _prefetch(self, ahead: list[int]) -> None:
+        for index in ahead:
+            if not self.fetcher.prefetch(BlockKey(self.obj, index)):
+                # No budget left: the policy offers this block again next read.
+                with self._lock:
+                    self._policy.retract(index)
+                return
+            with self._lock:
+                self._ahead.append(index)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            ahead = list(self._ahead)
+        self.fetcher.cancel([BlockKey(self.obj, i) for i in ahead])
+
+
+class BlockReader:
+    """Block mode: reads through the BlockFetcher with adaptive prefetch.
+
+    `max_window` is DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT. Closing the reader
+    closes its fetcher (the scheduler, cache and store belong to the
+    composition root)."""
+
+    def __init__(self, fetcher: BlockFetcher, block_size: int, max_window: int) -> None:
+        if block_size != fetcher.block_size:
+            raise ValueError(
+                f"block size {block_size} differs from the fetcher's {fetcher.block_size}"
+            )
+        self.fetcher = fetcher
+        self.block_size = block_size
+        self.max_window = max_window
+
+    def open(self, obj: ObjectId) -> ReadHandle:
+        return BlockHandle(self.fetcher, obj, self.block_size, self.max_window)
+
+    def close(self) -> None:
+        self.fetcher.close()

@@ -37,7 +37,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import mfusepy
+# mfusepy prefers libfuse2 when both are installed (fsspec's FUSE needs it):
+# ask for libfuse3 by name, unless the user chose a library explicitly.
+if not os.environ.get("FUSE_LIBRARY_PATH"):
+    os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
+
+import mfusepy  # noqa: E402
 
 from datamount.fs.ops import ReadOnlyFS
 

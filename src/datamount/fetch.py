@@ -1,0 +1,402 @@
+"""The BlockFetcher: one block of one pinned object version, from the cache or
+from storage, fetched at most once at a time.
+
+- `start(key)` / `get(key)`: a held or cached block is returned at once;
+  otherwise one `store.read_into` of the block's span (pinned to the etag: a
+  changed object raises VersionChanged, an OSError with errno ESTALE) runs on
+  the scheduler's demand lane and the block is put in the cache.
+- Single flight: a Future per BlockKey in flight; every concurrent reader of
+  the block waits for the same request. A reader that starts waiting for a
+  queued prefetch promotes it to the demand lane, so demand reads are never
+  stuck behind prefetches.
+- `prefetch(key)`: non-blocking; schedules a fetch on the prefetch lane unless
+  the block is cached, held or in flight, and only when the memory budget
+  allows (returns False when it does not: demand reads never wait for budget).
+- Memory budget: one bound, shared by every open file of the mount, on the
+  bytes this fetcher owns: prefetches queued or in flight, prefetched blocks
+  not yet read, and recently read blocks. Prefetched blocks are held here
+  until read, because with the RAM tier disabled
+  (DATASET_MOUNT_MEMORY_CACHE_SIZE=0, or NoCache) a prefetched block would
+  otherwise be gone before its reader arrives. Recently read blocks are held
+  in an LRU because the kernel's 1 MiB reads hit each 2 MiB block twice.
+  Prefetch may take PREFETCH_SHARE of the budget, so read blocks always keep
+  the rest; an unread prefetched block gives way only after HOLD_SECONDS.
+  Held blocks are the same `bytes` objects the RAM tier keeps, so holding
+  them costs memory only once the RAM tier has dropped them.
+- Counters (MountStats): misses, blocks_fetched, bytes_fetched,
+  prefetched_blocks, prefetch_used (a prefetched block later read),
+  prefetch_wasted (best effort: prefetched, never read, and dropped from the
+  hold, forgotten after TRACKED_PREFETCHES newer prefetches, or still unread
+  at close).
+
+Threads: any thread calls in; fetches run on the scheduler's workers. One
+lock guards the maps; cache and store calls run outside it. Lock order:
+fetcher, then scheduler (the scheduler calls back only without its lock).
+Imports `blocks`, `cache.base`, `prefetch.scheduler`, `stats`, `storage.base`,
+`errors`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+
+from datamount.blocks import BlockKey, block_span
+from datamount.cache.base import BlockCache
+from datamount.errors import StorageError
+from datamount.prefetch.scheduler import Scheduler, SchedulerClosed, Ticket
+from datamount.stats import MountStats
+from datamount.storage.base import ObjectStore
+
+log = logging.getLogger("datamount.fetch")
+
+# An unread prefetched block is protected from eviction this long: a reader
+# 32 blocks behind at 100 MB/s needs < 1 s to reach it; one that has not come
+# in 30 s has moved on (or its file is open but idle).
+HOLD_SECONDS = 30.0
+# Prefetched-but-unread keys remembered for prefetch_used / prefetch_wasted
+# (a key is ~100 bytes: 4096 of them is well under 1 MiB).
+TRACKED_PREFETCHES = 4096
+# Prefetch (in flight + unread) may take this share of the memory budget; the
+# rest holds blocks being read. Without it, with the RAM tier off and a budget
+# of one window, prefetch evicts the block a reader is halfway through and its
+# second 1 MiB read fetches it again (measured: 91 requests for 64 blocks).
+PREFETCH_SHARE = 0.75
+
+
+@dataclass(eq=False)
+class _Flight:
+    key: BlockKey
+    size: int
+    prefetch: bool  # started by prefetch(): holds `size` bytes of the budget
+    wanted: bool  # a reader waits for it
+    urgent: bool  # a demand reader waits for it: it belongs on the demand lane
+    future: Future[bytes] = field(default_factory=Future)
+    ticket: Ticket | None = None
+
+
+def _done(data: bytes) -> Future[bytes]:
+    future: Future[bytes] = Future()
+    future.set_result(data)
+    return future
+
+
+class BlockFetcher:
+    def __init__(
+        self,
+        store: ObjectStore,
+        cache: BlockCache,
+        block_size: int,
+        scheduler: Scheduler,
+        stats: MountStats,
+        *,
+        memory_budget: int,
+        hold_seconds: float = HOLD_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if block_size < 1 or memory_budget < 0:
+            raise ValueError("block_size must be >= 1 and memory_budget >= 0")
+        self.store = store
+        self.cache = cache
+        self.block_size = block_size
+        self.scheduler = scheduler
+        self.stats = stats
+        self.memory_budget = memory_budget
+        self.hold_seconds = hold_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._flights: dict[BlockKey, _Flight] = {}
+        self._unread: OrderedDict[BlockKey, tuple[bytes, float]] = OrderedDict()
+        self._recent: OrderedDict[BlockKey, bytes] = OrderedDict()
+        self._tracked: OrderedDict[BlockKey, None] = OrderedDict()
+        self._prefetch_cap = int(memory_budget * PREFETCH_SHARE)
+        self._ahead = 0  # bytes of prefetches queued or in flight, and of _unread
+        self._recent_bytes = 0  # bytes of _recent
+        self._closed = False
+
+    # -- reads -------------------------------------------------------------
+
+    def get(self, key: BlockKey, *, demand: bool = True) -> bytes:
+        """The block's bytes (short only for the last block of the object).
+        `demand=False` fetches on the prefetch lane (background callers)."""
+        return self.start(key, demand=demand).result()
+
+    def start(self, key: BlockKey, *, demand: bool = True) -> Future[bytes]:
+        """Like `get`, without waiting: a Future of the block's bytes (already
+        done on a hit). Only a cache lookup runs in the calling thread."""
+        with self._lock:
+            if self._closed:
+                raise OSError(errno.EIO, "the block fetcher is closed")
+            data = self._take_held(key)
+            if data is not None:
+                return _done(data)
+            flight = self._flights.get(key)
+            if flight is not None:
+                # A done flight (its block on the way into the cache) is a hit.
+                self._join(flight, demand=demand and not flight.future.done())
+                return flight.future
+            # Registered before the cache lookup: concurrent readers join it.
+            flight = _Flight(key, self._span(key)[1], prefetch=False, wanted=True, urgent=demand)
+            self._flights[key] = flight
+        data = self._cache_get(key)
+        if data is not None:
+            with self._lock:
+                self._forget(flight)
+                self._note_read(key)
+            flight.future.set_result(data)
+            return flight.future
+        self.stats.add(misses=1)
+        self._submit(flight, demand=demand)
+        return flight.future
+
+    def prefetch(self, key: BlockKey) -> bool:
+        """Fetch `key` in the background unless it is held, cached or in
+        flight. False when the prefetch share of the memory budget is spent
+        (or the fetcher is closed), so the caller can offer it again later;
+        never blocks on I/O."""
+        size = self._span(key)[1]
+        with self._lock:
+            if self._closed:
+                return False
+            if size == 0 or key in self._flights or key in self._unread or key in self._recent:
+                return True
+        if self._cache_contains(key):
+            return True
+        with self._lock:
+            if self._closed:
+                return False
+            if key in self._flights or key in self._unread or key in self._recent:
+                return True
+            if not self._admit_prefetch(size):
+                return False
+            flight = _Flight(key, size, prefetch=True, wanted=False, urgent=False)
+            self._flights[key] = flight
+        return self._submit(flight, demand=False)
+
+    def cancel(self, keys: list[BlockKey]) -> None:
+        """A reader lost interest in these prefetches (its handle closed):
+        drop the queued ones nobody waits for, and let their held blocks be
+        evicted first. Another handle on the same version re-fetches on demand."""
+        tickets = []
+        with self._lock:
+            for key in keys:
+                flight = self._flights.get(key)
+                if flight and flight.prefetch and not flight.wanted and flight.ticket:
+                    tickets.append(flight.ticket)
+                entry = self._unread.pop(key, None)
+                if entry is not None:
+                    self._to_recent(key, entry[0])
+                    self._recent.move_to_end(key, last=False)  # first to go
+        for ticket in tickets:
+            ticket.cancel()
+
+    def memory_in_use(self) -> int:
+        """Bytes of the budget taken: prefetches in flight plus held blocks."""
+        with self._lock:
+            return self._ahead + self._recent_bytes
+
+    def close(self) -> None:
+        """Drop queued fetches (their readers get EIO) and held blocks; count
+        prefetched blocks never read as wasted. Running fetches finish."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            tickets = [f.ticket for f in self._flights.values() if f.ticket is not None]
+            wasted = len(self._tracked)
+            self._tracked.clear()
+            self._ahead -= sum(len(data) for data, _ in self._unread.values())
+            self._unread.clear()
+            self._recent.clear()
+            self._recent_bytes = 0
+        self.stats.add(prefetch_wasted=wasted)
+        for ticket in tickets:
+            ticket.cancel()
+
+    # -- fetching (workers) -----------------------------------------------
+
+    def _submit(self, flight: _Flight, *, demand: bool) -> bool:
+        try:
+            ticket = self.scheduler.submit(
+                partial(self._fetch, flight), demand=demand, on_drop=partial(self._dropped, flight)
+            )
+        except SchedulerClosed:
+            self._fail(flight, OSError(errno.EIO, "the read scheduler is closed"))
+            return False
+        with self._lock:
+            flight.ticket = ticket
+            promote = flight.urgent and not demand
+        if promote:  # a demand reader joined before the ticket existed
+            ticket.promote()
+        return True
+
+    def _fetch(self, flight: _Flight) -> None:
+        key = flight.key
+        offset, length = self._span(key)
+        try:
+            buf = bytearray(length)
+            got = (
+                self.store.read_into(key.obj.key, offset, memoryview(buf), etag=key.obj.etag)
+                if length
+                else 0
+            )
+            if got != length:
+                raise StorageError(
+                    f"{key.obj.key}: short read of block {key.index} ({got} of {length} bytes)"
+                )
+            data = bytes(buf)
+        except BaseException as exc:
+            self._fail(flight, exc)
+            return
+        self.stats.add(
+            blocks_fetched=1, bytes_fetched=length, prefetched_blocks=int(flight.prefetch)
+        )
+        # Readers first; the flight stays registered until the block is in the
+        # cache, so a reader arriving meanwhile joins this done future.
+        flight.future.set_result(data)
+        try:
+            self.cache.put(key, data)
+        except Exception:
+            log.exception("cache put of %s block %d failed", key.obj.key, key.index)
+        with self._lock:
+            if not self._forget(flight) or self._closed:
+                return
+            if flight.wanted:
+                self._hold_recent(key, data)
+            elif flight.prefetch:
+                self._track(key)
+                self._ahead += length  # the flight's share of the budget now holds it
+                self._unread[key] = (data, self._clock())
+
+    def _dropped(self, flight: _Flight) -> None:
+        """The scheduler dropped the job: release it, or re-queue it on the
+        demand lane (never dropped but at close) when a reader waits for it."""
+        with self._lock:
+            resubmit = flight.wanted and not self._closed
+            if not resubmit:
+                self._forget(flight)
+        if resubmit:
+            self._submit(flight, demand=True)
+        elif not flight.future.done():
+            flight.future.set_exception(OSError(errno.EIO, "block fetch cancelled"))
+
+    def _fail(self, flight: _Flight, exc: BaseException) -> None:
+        with self._lock:
+            self._forget(flight)
+        if not flight.future.done():
+            flight.future.set_exception(exc)
+
+    # -- bookkeeping (lock held) ------------------------------------------
+
+    def _join(self, flight: _Flight, *, demand: bool) -> None:
+        if demand:
+            self.stats.add(misses=1)
+            flight.urgent = True
+            if flight.ticket is not None:
+                flight.ticket.promote()  # if it was just dropped, _dropped re-queues it
+        if not flight.wanted:
+            flight.wanted = True
+            if flight.prefetch:
+                self.stats.add(prefetch_used=1)
+
+    def _forget(self, flight: _Flight) -> bool:
+        """Unregister the flight and release its budget; False if it was not registered."""
+        if self._flights.get(flight.key) is not flight:
+            return False
+        del self._flights[flight.key]
+        if flight.prefetch:
+            self._ahead -= flight.size
+        return True
+
+    def _take_held(self, key: BlockKey) -> bytes | None:
+        entry = self._unread.pop(key, None)
+        if entry is not None:
+            self._to_recent(key, entry[0])
+            self._note_read(key)
+            return entry[0]
+        data = self._recent.get(key)
+        if data is not None:
+            self._recent.move_to_end(key)
+        return data
+
+    def _note_read(self, key: BlockKey) -> None:
+        if self._tracked and key in self._tracked:
+            del self._tracked[key]
+            self.stats.add(prefetch_used=1)
+
+    def _track(self, key: BlockKey) -> None:
+        self._tracked[key] = None
+        if len(self._tracked) > TRACKED_PREFETCHES:
+            self._tracked.popitem(last=False)
+            self.stats.add(prefetch_wasted=1)
+
+    def _to_recent(self, key: BlockKey, data: bytes) -> None:
+        """An unread block was read (or abandoned): same bytes, other account."""
+        self._ahead -= len(data)
+        self._recent[key] = data
+        self._recent_bytes += len(data)
+
+    def _hold_recent(self, key: BlockKey, data: bytes) -> None:
+        if key in self._recent:
+            return
+        self._evict_recent(self.memory_budget - self._ahead - len(data))
+        if self._ahead + self._recent_bytes + len(data) <= self.memory_budget:
+            self._recent[key] = data
+            self._recent_bytes += len(data)
+
+    def _admit_prefetch(self, size: int) -> bool:
+        """Take `size` bytes of the prefetch share, if there are any left."""
+        if self._ahead + size > self._prefetch_cap:
+            self._expire_unread(self._ahead + size - self._prefetch_cap)
+            if self._ahead + size > self._prefetch_cap:
+                return False
+        self._ahead += size
+        self._evict_recent(self.memory_budget - self._ahead)
+        return True
+
+    def _evict_recent(self, room: int) -> None:
+        """Drop least recently read blocks until they fit in `room` bytes."""
+        while self._recent and self._recent_bytes > room:
+            self._recent_bytes -= len(self._recent.popitem(last=False)[1])
+
+    def _expire_unread(self, need: int) -> None:
+        """Drop unread prefetched blocks held past HOLD_SECONDS, oldest first,
+        until `need` bytes are free (or none is that old)."""
+        expired = self._clock() - self.hold_seconds
+        freed = 0
+        while freed < need and self._unread:
+            key, (data, since) = next(iter(self._unread.items()))
+            if since > expired:
+                return
+            del self._unread[key]
+            self._ahead -= len(data)
+            freed += len(data)
+            if key in self._tracked:
+                del self._tracked[key]
+                self.stats.add(prefetch_wasted=1)
+
+    # -- helpers -----------------------------------------------------------
+
+    def _span(self, key: BlockKey) -> tuple[int, int]:
+        return block_span(key.index, key.obj.size, self.block_size)
+
+    def _cache_get(self, key: BlockKey) -> bytes | None:
+        try:
+            return self.cache.get(key)
+        except Exception:  # the protocol says a tier error is a miss; make sure
+            log.exception("cache get of %s block %d failed", key.obj.key, key.index)
+            return None
+
+    def _cache_contains(self, key: BlockKey) -> bool:
+        try:
+            return self.cache.contains(key)
+        except Exception:
+            log.exception("cache lookup of %s block %d failed", key.obj.key, key.index)
+            return False

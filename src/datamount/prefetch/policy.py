@@ -1,0 +1,85 @@
+"""The adaptive prefetch window of one open handle: pure logic.
+
+`PrefetchPolicy.on_read(first, last)` sees the blocks of each demand read and
+answers which blocks to prefetch now. Sequential access grows the window
+(doubling from 1, per block the reader advances) up to `max_window`
+(DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT); a random jump drops it to 0, so a
+random reader pays only for the blocks it touches. The kernel's readahead is
+served by several FUSE threads, so reads of one sequential stream arrive a
+little out of order: a read that lands inside the recent window (up to
+`max(REORDER_SLACK, window)` blocks behind the furthest block read, up to
+the furthest block already prefetched, and, once the stream is sequential,
+up to REORDER_SLACK blocks beyond that) still belongs to the stream; it
+grows the window only if it moves the stream forward. A block is
+returned at most once per stream (a stream ends at a random jump; the
+fetcher ignores a prefetch of a block it holds or is fetching, so a new
+stream over old ground costs no request); `retract` hands back blocks the
+fetcher could not take (memory budget spent) so a later read offers them
+again.
+
+No threads, no I/O, no locks: the caller (one handle) serialises calls.
+Imports nothing.
+"""
+
+from __future__ import annotations
+
+# Reads this many blocks behind the furthest block read still belong to the
+# stream while its window is small: libfuse serves the kernel's readahead
+# (4 MiB on our mounts) with up to 12 background requests of <= 1 MiB, i.e.
+# a few 2 MiB blocks of reordering at most.
+REORDER_SLACK = 4
+
+
+class PrefetchPolicy:
+    def __init__(self, block_count: int, max_window: int) -> None:
+        if block_count < 0 or max_window < 0:
+            raise ValueError("block_count and max_window must not be negative")
+        self.block_count = block_count
+        self.max_window = max_window
+        self._window = 0
+        self._hi = -1  # furthest block read in this stream; -1: nothing read yet
+        self._issued = 0  # blocks below this were read or returned in this stream
+
+    @property
+    def window(self) -> int:
+        """Blocks currently kept ahead of the furthest block read."""
+        return self._window
+
+    def on_read(self, first: int, last: int) -> list[int]:
+        """A demand read of blocks [first, last]: the blocks to prefetch now,
+        nearest first. Never a block beyond EOF, never one already returned in
+        this stream, never one of the read itself."""
+        last = min(last, self.block_count - 1)
+        if first < 0 or first > last:
+            return []
+        if not self._in_stream(first):
+            self._window = 0
+            self._hi = last
+            self._issued = last + 1
+            return []
+        if last > self._hi:  # the stream advanced: widen the window
+            self._window = min(self.max_window, max(1, self._window * 2))
+            self._hi = last
+        self._issued = max(self._issued, last + 1)
+        end = min(self._hi + 1 + self._window, self.block_count)
+        if self._issued >= end:
+            return []
+        ahead = list(range(self._issued, end))
+        self._issued = end
+        return ahead
+
+    def retract(self, block: int) -> None:
+        """`block` and every block returned after it were not fetched: offer
+        them again on the next sequential read."""
+        self._issued = max(min(self._issued, block), self._hi + 1)
+
+    def _in_stream(self, first: int) -> bool:
+        if self._hi < 0:
+            # The first read of a handle: a read from the start of the file is
+            # the start of a scan (cat, dd, decoders); anywhere else, wait and see.
+            return first == 0
+        back = max(REORDER_SLACK, self._window)
+        # A stream already judged sequential also tolerates reads that overtake
+        # what it prefetched; a new (or random) stream must continue exactly.
+        ahead = REORDER_SLACK if self._window else 0
+        return self._hi - back <= first <= max(self._hi + 1, self._issued) + ahead

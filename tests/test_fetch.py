@@ -1,0 +1,303 @@
+"""BlockFetcher: blocks equal the source slice, one request per block at a
+time (single flight), cache first, prefetch held until read within one
+memory budget, demand reads ahead of prefetches, errors to every waiter."""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from datamount.blocks import BlockKey, ObjectId
+from datamount.cache.base import NoCache
+from datamount.errors import VersionChanged
+from datamount.fetch import BlockFetcher
+from datamount.prefetch.scheduler import Scheduler
+from datamount.retry import RetryPolicy
+from datamount.stats import MountStats
+from datamount.storage.faults import FaultPlan, FaultyStore, forbidden, throttled
+from datamount.storage.memory import MemoryStore
+from test_reader_fakes import DictCache, GatedStore, object_id, source, wait_for
+
+BS = 1000
+DATA = source(10 * BS + 37)  # 11 blocks, the last one short
+
+
+@pytest.fixture
+def store() -> GatedStore:
+    return GatedStore({"f": DATA})
+
+
+@pytest.fixture
+def obj(store: GatedStore) -> ObjectId:
+    return object_id(store, "f")
+
+
+class Rig:
+    def __init__(
+        self, store: MemoryStore | FaultyStore, *, threads: int = 4, budget: int = 20 * BS
+    ) -> None:
+        self.store = store
+        self.cache = DictCache()
+        self.stats = MountStats()
+        self.scheduler = Scheduler(threads)
+        self.fetcher = BlockFetcher(
+            store, self.cache, BS, self.scheduler, self.stats, memory_budget=budget
+        )
+
+    def close(self) -> None:
+        if isinstance(self.store, GatedStore):
+            self.store.open_all()
+        self.fetcher.close()
+        self.scheduler.close()
+
+
+@pytest.fixture
+def rig(store: GatedStore) -> Iterator[Rig]:
+    made = Rig(store)
+    yield made
+    made.close()
+
+
+def block(i: int) -> bytes:
+    return DATA[i * BS : (i + 1) * BS]
+
+
+def test_every_block_equals_its_source_slice(rig: Rig, obj: ObjectId) -> None:
+    for i in range(11):
+        assert rig.fetcher.get(BlockKey(obj, i)) == block(i)
+    assert len(block(10)) == 37
+    assert rig.store.requests["read"] == 11
+    snap = rig.stats.snapshot()
+    assert (snap["misses"], snap["blocks_fetched"], snap["bytes_fetched"]) == (11, 11, len(DATA))
+
+
+def test_a_cached_block_is_not_fetched_again(rig: Rig, obj: ObjectId) -> None:
+    key = BlockKey(obj, 3)
+    rig.fetcher.get(key)
+    assert rig.cache.blocks[key] == block(3)
+    rig.fetcher.close()  # drop the fetcher's own hold: the next one must use the cache
+    again = BlockFetcher(rig.store, rig.cache, BS, rig.scheduler, rig.stats, memory_budget=0)
+    assert again.get(key) == block(3)
+    assert rig.store.requests["read"] == 1
+
+
+def test_single_flight_many_readers_one_request(store: GatedStore, rig: Rig, obj: ObjectId) -> None:
+    gate = store.gate("f", 2 * BS)
+    results: list[bytes] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(rig.fetcher.get(BlockKey(obj, 2))))
+        for _ in range(16)
+    ]
+    for t in threads:
+        t.start()
+    wait_for(lambda: rig.stats.snapshot()["misses"] == 16)  # every reader is waiting
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert results == [block(2)] * 16
+    assert store.requests["read"] == 1
+
+
+def test_prefetched_blocks_are_held_until_read_without_any_cache(obj: ObjectId) -> None:
+    store = MemoryStore({"f": DATA})
+    stats, scheduler = MountStats(), Scheduler(2)
+    fetcher = BlockFetcher(store, NoCache(), BS, scheduler, stats, memory_budget=8 * BS)
+    try:
+        o = object_id(store, "f")
+        keys = [BlockKey(o, i) for i in range(6)]  # prefetch may take 3/4 of the budget
+        assert all(fetcher.prefetch(k) for k in keys)
+        wait_for(lambda: stats.snapshot()["prefetched_blocks"] == 6)
+        assert fetcher.prefetch(BlockKey(o, 6)) is False  # prefetch share spent
+        assert [fetcher.get(k) for k in keys] == [block(i) for i in range(6)]
+        assert [fetcher.get(k) for k in keys] == [block(i) for i in range(6)]  # read twice
+        assert store.requests["read"] == 6
+        snap = stats.snapshot()
+        assert (snap["prefetch_used"], snap["misses"]) == (6, 0)
+        # Read blocks give their room back to new prefetches, least recent first.
+        assert all(fetcher.prefetch(BlockKey(o, i)) for i in range(6, 11))
+        wait_for(lambda: stats.snapshot()["prefetched_blocks"] == 11)
+        assert fetcher.memory_in_use() <= 8 * BS
+        assert fetcher.get(keys[-1]) == block(5)  # the most recently read one is still held
+        assert store.requests["read"] == 11
+    finally:
+        fetcher.close()
+        scheduler.close()
+
+
+def test_no_budget_means_no_prefetch_but_demand_still_works(obj: ObjectId) -> None:
+    store = MemoryStore({"f": DATA})
+    scheduler = Scheduler(2)
+    fetcher = BlockFetcher(store, NoCache(), BS, scheduler, MountStats(), memory_budget=0)
+    try:
+        key = BlockKey(object_id(store, "f"), 5)
+        assert fetcher.prefetch(key) is False
+        assert fetcher.get(key) == block(5)
+        assert fetcher.memory_in_use() == 0
+    finally:
+        fetcher.close()
+        scheduler.close()
+
+
+def test_prefetch_skips_cached_held_and_in_flight_blocks(rig: Rig, obj: ObjectId) -> None:
+    key = BlockKey(obj, 1)
+    rig.cache.put(BlockKey(obj, 0), block(0))
+    assert rig.fetcher.prefetch(BlockKey(obj, 0))  # cached: nothing to do
+    assert rig.fetcher.prefetch(key)
+    assert rig.fetcher.prefetch(key)
+    wait_for(lambda: rig.stats.snapshot()["prefetched_blocks"] == 1)
+    assert rig.fetcher.prefetch(key)  # held
+    assert rig.fetcher.prefetch(BlockKey(obj, 99))  # past EOF: nothing to do
+    assert rig.store.requests["read"] == 1
+
+
+def test_a_demand_read_is_served_while_prefetches_are_stuck(
+    store: GatedStore, obj: ObjectId
+) -> None:
+    rig = Rig(store, threads=2)
+    try:
+        store.gate_all = threading.Event()
+        store.gate("f", 9 * BS).set()  # only the demand block's read may proceed
+        for i in range(8):
+            assert rig.fetcher.prefetch(BlockKey(obj, i))
+        wait_for(lambda: len(store.started) == 1)  # the prefetch worker is stuck
+        assert rig.fetcher.get(BlockKey(obj, 9)) == block(9)
+        assert rig.scheduler.queued() == (0, 7)  # the prefetches are still waiting
+    finally:
+        rig.close()
+
+
+def test_a_reader_waiting_for_a_queued_prefetch_promotes_it(
+    store: GatedStore, obj: ObjectId
+) -> None:
+    rig = Rig(store, threads=2)
+    try:
+        stuck = store.gate("f", 0)
+        assert rig.fetcher.prefetch(BlockKey(obj, 0))
+        wait_for(lambda: len(store.started) == 1)
+        assert rig.fetcher.prefetch(BlockKey(obj, 1))  # queued behind the stuck one
+        assert rig.fetcher.get(BlockKey(obj, 1)) == block(1)  # promoted, not waiting
+        assert rig.stats.snapshot()["prefetch_used"] == 1
+        stuck.set()
+        assert rig.fetcher.get(BlockKey(obj, 0)) == block(0)
+        assert store.requests["read"] == 2
+    finally:
+        rig.close()
+
+
+def test_a_version_change_is_estale_for_every_waiter(
+    store: GatedStore, rig: Rig, obj: ObjectId
+) -> None:
+    gate = store.gate("f", 4 * BS)
+    errors: list[OSError] = []
+
+    def read() -> None:
+        try:
+            rig.fetcher.get(BlockKey(obj, 4))
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: rig.stats.snapshot()["misses"] == 3)
+    store.put("f", b"new" * 5000)
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 3
+    assert all(isinstance(e, VersionChanged) and e.errno == errno.ESTALE for e in errors)
+    assert BlockKey(obj, 4) not in rig.cache.blocks
+    assert rig.fetcher.memory_in_use() == 0
+
+
+def test_transient_faults_are_retried_by_the_store(obj: ObjectId) -> None:
+    plan = FaultPlan().fail("read", times=3, error=throttled())
+    store = FaultyStore(MemoryStore({"f": DATA}), plan, retry=RetryPolicy(5, sleep=lambda _s: None))
+    rig = Rig(store)
+    try:
+        key = BlockKey(object_id(store, "f"), 6)
+        assert rig.fetcher.get(key) == block(6)
+        assert store.attempts["read"] == 4
+    finally:
+        rig.close()
+
+
+def test_a_failure_is_not_remembered(obj: ObjectId) -> None:
+    plan = FaultPlan().fail("read", times=1, error=forbidden())
+    store = FaultyStore(MemoryStore({"f": DATA}), plan, retry=RetryPolicy(5))
+    rig = Rig(store)
+    try:
+        key = BlockKey(object_id(store, "f"), 0)
+        with pytest.raises(PermissionError) as caught:
+            rig.fetcher.get(key)
+        assert caught.value.errno == errno.EACCES
+        assert rig.fetcher.get(key) == block(0)
+    finally:
+        rig.close()
+
+
+def test_cancel_drops_queued_prefetches_and_close_counts_waste(
+    store: GatedStore, obj: ObjectId
+) -> None:
+    rig = Rig(store, threads=2)
+    try:
+        stuck = store.gate("f", 0)
+        keys = [BlockKey(obj, i) for i in range(6)]
+        assert all(rig.fetcher.prefetch(k) for k in keys)
+        wait_for(lambda: len(store.started) == 1)
+        rig.fetcher.cancel(keys)
+        assert rig.scheduler.queued() == (0, 0)
+        stuck.set()
+        wait_for(lambda: rig.stats.snapshot()["prefetched_blocks"] == 1)
+        assert rig.fetcher.memory_in_use() == BS  # only the block that was running
+        rig.fetcher.close()
+        snap = rig.stats.snapshot()
+        assert (snap["prefetch_wasted"], snap["prefetch_used"]) == (1, 0)
+        assert store.requests["read"] == 1
+    finally:
+        rig.close()
+
+
+def test_close_fails_queued_demand_reads_with_eio(store: GatedStore, obj: ObjectId) -> None:
+    rig = Rig(store, threads=1)
+    try:
+        store.gate("f", 0)
+        first = rig.fetcher.start(BlockKey(obj, 0))
+        wait_for(lambda: len(store.started) == 1)
+        queued = rig.fetcher.start(BlockKey(obj, 1))
+        rig.fetcher.close()
+        with pytest.raises(OSError) as caught:
+            queued.result(5)
+        assert caught.value.errno == errno.EIO
+        with pytest.raises(OSError):
+            rig.fetcher.get(BlockKey(obj, 2))
+        store.open_all()
+        assert first.result(5) == block(0)  # a running fetch completes
+    finally:
+        rig.close()
+
+
+def test_unread_prefetches_expire_and_count_as_wasted(obj: ObjectId) -> None:
+    store = MemoryStore({"f": DATA})
+    now = [0.0]
+    stats, scheduler = MountStats(), Scheduler(2)
+    fetcher = BlockFetcher(
+        store, NoCache(), BS, scheduler, stats, memory_budget=4 * BS, clock=lambda: now[0]
+    )
+    try:
+        o = object_id(store, "f")
+        assert all(fetcher.prefetch(BlockKey(o, i)) for i in range(3))
+        wait_for(lambda: stats.snapshot()["prefetched_blocks"] == 3)
+        assert not fetcher.prefetch(BlockKey(o, 3))  # all held, still fresh
+        now[0] += 31
+        assert fetcher.prefetch(BlockKey(o, 3))  # the oldest gave way
+        assert stats.snapshot()["prefetch_wasted"] == 1
+        wait_for(lambda: stats.snapshot()["prefetched_blocks"] == 4)
+        fetcher.close()
+        assert stats.snapshot()["prefetch_wasted"] == 4  # and 1, 2, 3: never read
+    finally:
+        fetcher.close()
+        scheduler.close()
