@@ -368,7 +368,8 @@ def _ro_mount(
         recorder = activity("mount", input=label, mountpoint=mountpoint)
         with recorder if recording else contextlib.nullcontext():
             mountd.prepare_mountpoint(mountpoint, settings.cache_dir)
-            store = make_store(settings, location, make_retry(settings))
+            retry = make_retry(settings)
+            store = make_store(settings, location, retry)
             cleanup.callback(store.close)
             _check_source(store, location, is_file)
             path = (
@@ -387,7 +388,7 @@ def _ro_mount(
             cleanup.callback(reader.close)
             fs = make_fs(settings, store, reader, location, is_file=is_file)
             cleanup.callback(fs.close)
-            daemon = _daemon(ctx, spec, entry, location, fs, stats, mountpoint)
+            daemon = _daemon(ctx, spec, entry, location, fs, stats, mountpoint, retry)
             daemon.start()
         readiness.ok()
         if on_ready is not None:
@@ -462,6 +463,7 @@ def _daemon(
     fs: ReadOnlyFS,
     stats: MountStats,
     mountpoint: Path,
+    retry: RetryPolicy,
 ) -> mountd.MountDaemon:
     settings = ctx.settings
     name = _safe_name(entry.name)
@@ -496,7 +498,8 @@ def _daemon(
             "uri": uri,
             "pid": os.getpid(),
             "updated": time.time(),
-            "cache": stats.snapshot(),
+            # Retries happen in the store's policy, shared by every request.
+            "cache": {**stats.snapshot(), "retries": retry.stats.retries},
             "fs": fs.counters(),
         }
 
