@@ -191,7 +191,10 @@ def test_stores_on_one_container_share_one_client(
 ) -> None:
     a = key_store(azurite, container, pool_size=4)
     b = key_store(azurite, container, pool_size=32)
-    assert a.session is b.session
+    a.put("lazy", b"x")
+    assert a.stat("lazy").size == 1 and next(a.list_pages("")).objects
+    assert a._shared.sdk_clients is None  # no SDK client until an SDK operation
+    assert a.session is b.session  # created now, for both, with the larger pool
     adapter = a.session.get_adapter("http://127.0.0.1/")
     assert adapter._pool_maxsize == 32
     assert a.raw is b.raw and a.raw.pool.maxsize == 32  # the raw path's pool too

@@ -28,6 +28,8 @@ from datamount.storage.azure_auth import (
     header_order,
 )
 from datamount.storage.azure_clients import raw_auth
+from datamount.storage.azure_list import list_params
+from datamount.storage.azure_raw import RawClient
 
 
 def test_header_order_matches_the_sdk_collation() -> None:
@@ -71,14 +73,30 @@ def test_header_order_matches_the_sdk_collation() -> None:
                 "x-ms-blob-content-md5": "AAAA",
             },
         ),
+        (  # List Blobs: every query parameter is signed, decoded, names sorted
+            "GET",
+            "/devstoreaccount1/c",
+            list_params("dir with space/naïve#50%off+=&;", "/", "2!88!MDAw/+=-"),
+            {"x-ms-version": "2026-10-06"},
+        ),
+        (
+            "GET",
+            "/c",
+            [("restype", "container"), ("comp", "list"), ("include", "metadata")],
+            {"x-ms-version": "2026-10-06", "x-ms-client-request-id": "1"},
+        ),
     ],
 )
 def test_shared_key_signature_equals_the_sdk_policy(
     method: str, path: str, params: list[tuple[str, str]], headers: dict[str, str]
 ) -> None:
     headers = {**headers, "x-ms-date": "Sun, 01 Mar 2026 10:00:00 GMT"}
-    query = "&".join(f"{k}={v}" for k, v in params)
-    request = HttpRequest(method, f"http://127.0.0.1:1{path}" + (f"?{query}" if query else ""))
+    # The URL exactly as the raw path sends it: the SDK's policy parses and
+    # decodes its query as the service does.
+    raw = RawClient(
+        "http://127.0.0.1:1/devstoreaccount1", "c", Anonymous(), api_version="", pool_size=1
+    )
+    request = HttpRequest(method, "http://127.0.0.1:1" + raw._url(path, params))
     request.headers.update(headers)
     SharedKeyCredentialPolicy(ACCOUNT, KEY).on_request(
         PipelineRequest(request, PipelineContext(None))

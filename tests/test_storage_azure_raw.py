@@ -28,6 +28,7 @@ from datamount.location import StorageKind, StorageLocation
 from datamount.retry import RetryPolicy
 from datamount.storage import open_store
 from datamount.storage.azure_blob import AzureBlobStore
+from datamount.storage.base import ObjectInfo
 from datamount.storage.http import HttpStore
 
 WRONG_KEY = "V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3Jvbmc="
@@ -218,7 +219,7 @@ def make_handler(stub: Stub) -> type[http.server.BaseHTTPRequestHandler]:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def do_HEAD(self) -> None:  # the SDK's stat: stalls before any header
+        def do_HEAD(self) -> None:  # stat: stalls before any header
             stub.ranges.append(None)
             if stub.next_action() == "stall":
                 stub.release.wait(10)
@@ -227,6 +228,16 @@ def make_handler(stub: Stub) -> type[http.server.BaseHTTPRequestHandler]:
             self.send_response(200)
             self.send_header("Content-Length", str(SIZE))
             self.send_header("ETag", '"v1"')
+            self.end_headers()
+
+        def do_DELETE(self) -> None:  # an SDK operation: stalls before any header
+            stub.ranges.append(None)
+            if stub.next_action() == "stall":
+                stub.release.wait(10)
+                self.close_connection = True
+                return
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
             self.end_headers()
 
         def do_GET(self) -> None:
@@ -345,16 +356,21 @@ def test_a_stalled_body_times_out_retries_then_fails(stub: tuple[Stub, str]) -> 
     store.close()
 
 
-def test_the_sdk_path_has_the_same_stall_timeout(stub: tuple[Stub, str]) -> None:
+@pytest.mark.parametrize("op", ["stat", "delete"])  # the raw path's HEAD, the SDK's DELETE
+def test_both_paths_have_the_same_stall_timeout(stub: tuple[Stub, str], op: str) -> None:
     state, root = stub
     state.script = ["stall"] * 2
     store = stub_store(root, retry=RetryPolicy(retries=1, base_delay=0.01), read_timeout=0.5)
+    call = getattr(store, op)
     started = time.monotonic()
     with pytest.raises(StorageError) as info:
-        store.stat("b")
+        call("b")
     assert 0.9 < time.monotonic() - started < 4.0
     assert info.value.errno == errno.EIO and "timed out" in str(info.value)
-    assert store.stat("b").size == SIZE and len(state.ranges) == 3
+    call("b")
+    assert len(state.ranges) == 3
+    if op == "stat":
+        assert store.stat("b") == ObjectInfo("b", SIZE, '"v1"', None)
     store.close()
 
 

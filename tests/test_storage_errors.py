@@ -6,6 +6,9 @@ import email.utils
 import errno
 import http.client
 import ssl
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import requests
@@ -123,3 +126,32 @@ def test_translate_raises_mapped_errors_and_lets_bugs_through() -> None:
     with pytest.raises(VersionChanged) as kept, translate("read", "k"):
         raise original
     assert kept.value is original
+
+
+def test_the_table_needs_no_http_library_loaded() -> None:
+    # The classes of azure-core, requests and urllib3 are looked up only if
+    # something imported them: a raw-path process never does.
+    code = textwrap.dedent(
+        """
+        import errno, http.client, sys
+        from datamount.storage.errors import map_error, translate
+        assert map_error(ConnectionRefusedError(), op="read", key="k").transient
+        short = map_error(http.client.IncompleteRead(b"", 3), op="read", key="k")
+        assert "body cut short" in str(short) and short.transient
+        assert map_error(FileNotFoundError(), op="stat", key="k").errno == errno.ENOENT
+        try:
+            with translate("read", "k"):
+                raise TimeoutError()
+        except OSError as e:
+            assert "timed out" in str(e) and e.transient, e
+        try:
+            with translate("read", "k"):
+                raise KeyError("a bug")
+        except KeyError:
+            pass
+        print(sorted(m for m in ("azure.core", "requests", "urllib3") if m in sys.modules))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,7 +1,12 @@
 """The clients behind AzureBlobStore, shared per (endpoint, container,
-credential) and reference counted: the SDK's ContainerClient (listing,
-stat, commit, copy, delete) over one requests Session, and the RawClient
-(azure_raw: reads and small writes) over its own connection pool.
+credential) and reference counted: the RawClient (azure_raw: reads, writes,
+stat and listing) over its own connection pool, and, created on first use
+only, the SDK's ContainerClient (commit, copy, delete) over one requests
+Session.
+
+Why lazily: importing azure-storage-blob (with azure-core, requests,
+urllib3) costs ~0.2 s, more than a whole `datamount download` of a small
+file spends on requests; a download or a mount never needs it.
 
 Both pools hold `pool_size` keep-alive connections (the largest size any
 user asked for; the composition root sizes it to the thread counts). The
@@ -9,29 +14,33 @@ SDK's retries are off (retry_total=0) and urllib3's too: every request goes
 once through the store's `RetryPolicy.call`. One azure-identity credential
 object serves both clients, so its token cache is shared.
 
-Threads: `acquire` / `release` take a module lock; the clients themselves
-are thread-safe. Imports azure-storage-blob, azure-identity (lazily),
-requests, `credentials`, `storage.azure_auth`, `storage.azure_raw`.
+Threads: `acquire`, `release` and `Shared.sdk` take a module lock; the
+clients themselves are thread-safe. Imports `credentials`,
+`storage.azure_auth`, `storage.azure_raw`; azure-storage-blob, azure-core
+and requests inside `Shared.sdk`, azure-identity when an identity
+credential is acquired.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import requests
-from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
-from azure.core.pipeline.transport import RequestsTransport
-from azure.storage.blob import ContainerClient
-from requests.adapters import HTTPAdapter
 
 from datamount.credentials import Credential, CredentialKind
 from datamount.errors import AccessDenied
 from datamount.storage.azure_auth import Anonymous, Auth, BearerAuth, SasAuth, SharedKeyAuth
 from datamount.storage.azure_raw import RawClient
 
+if TYPE_CHECKING:
+    import requests
+    from azure.storage.blob import ContainerClient
+    from requests.adapters import HTTPAdapter
+
+# The x-ms-version azure-storage-blob 12.31 sends (a test keeps them equal):
+# the raw path must speak the same service version without importing it.
+API_VERSION = "2026-10-06"
 # Larger than any block a reader or downloader asks for (blocks are 2-64 MiB),
 # so a download_blob of one range is answered by its first and only GET.
 MAX_SINGLE_GET = 256 << 20
@@ -46,8 +55,12 @@ def sdk_credential(credential: Credential, account: str) -> Any:
     kind = credential.kind
     secret = credential.secret.reveal() if credential.secret else ""
     if kind is CredentialKind.ACCOUNT_KEY:
+        from azure.core.credentials import AzureNamedKeyCredential
+
         return AzureNamedKeyCredential(account, secret)
     if kind is CredentialKind.SAS:
+        from azure.core.credentials import AzureSasCredential
+
         return AzureSasCredential(secret)
     if kind is CredentialKind.USER_IDENTITY:
         from azure.identity import (
@@ -87,31 +100,65 @@ def account_of(endpoint: str) -> str:
 
 
 @dataclass
-class Shared:
+class SdkClients:
     client: ContainerClient
-    raw: RawClient
     session: requests.Session
     adapter: HTTPAdapter
+
+
+@dataclass
+class Shared:
+    endpoint: str
+    container: str
+    account: str
+    credential: Credential
+    token_credential: Any  # the azure-identity object of identity credentials, else None
+    raw: RawClient
     pool_size: int
     users: int = 0
+    sdk_clients: SdkClients | None = None
+
+    def sdk(self) -> SdkClients:
+        """The SDK's clients, created (and the SDK imported) on first use."""
+        clients = self.sdk_clients
+        if clients is None:
+            with _CLIENTS_LOCK:
+                if self.sdk_clients is None:
+                    self.sdk_clients = _create_sdk(self)
+                clients = self.sdk_clients
+        return clients
 
 
 _CLIENTS: dict[tuple[str, Credential], Shared] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
-def _pooled_session(pool_size: int) -> tuple[requests.Session, HTTPAdapter]:
-    session = requests.Session()
-    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session, adapter
-
-
 def _create(
     endpoint: str, container: str, credential: Credential, account: str, pool_size: int
 ) -> Shared:
-    session, adapter = _pooled_session(pool_size)
+    account = account or account_of(endpoint)
+    https = endpoint.startswith("https:")
+    if credential.kind in TOKEN_KINDS and not https:
+        # The SDK refuses too (with a ValueError): a token never travels in clear.
+        raise AccessDenied(f"{credential.describe()} needs an https endpoint, not {endpoint}")
+    token_credential = (
+        sdk_credential(credential, account) if credential.kind in TOKEN_KINDS else None
+    )
+    auth = raw_auth(credential, account, token_credential, https=https)
+    raw = RawClient(endpoint, container, auth, api_version=API_VERSION, pool_size=pool_size)
+    return Shared(endpoint, container, account, credential, token_credential, raw, pool_size)
+
+
+def _create_sdk(shared: Shared) -> SdkClients:
+    import requests
+    from azure.core.pipeline.transport import RequestsTransport
+    from azure.storage.blob import ContainerClient
+    from requests.adapters import HTTPAdapter
+
+    session = requests.Session()
+    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=shared.pool_size, max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
     transport = RequestsTransport(
         session=session,
         session_owner=False,
@@ -122,25 +169,18 @@ def _create(
         # cost of every MiB read (measured: 3.8 ms vs 2.0 ms per MiB).
         connection_data_block_size=DATA_BLOCK,
     )
-    account = account or account_of(endpoint)
-    https = endpoint.startswith("https:")
-    if credential.kind in TOKEN_KINDS and not https:
-        # The SDK refuses too (with a ValueError): a token never travels in clear.
-        raise AccessDenied(f"{credential.describe()} needs an https endpoint, not {endpoint}")
-    sdk_cred = sdk_credential(credential, account)
+    credential = shared.token_credential or sdk_credential(shared.credential, shared.account)
     client = ContainerClient(
-        account_url=endpoint,
-        container_name=container,
-        credential=sdk_cred,
+        account_url=shared.endpoint,
+        container_name=shared.container,
+        credential=credential,
         transport=transport,
         retry_total=0,
         max_single_get_size=MAX_SINGLE_GET,
         max_single_put_size=MAX_SINGLE_PUT,
+        api_version=API_VERSION,
     )
-    auth = raw_auth(credential, account, sdk_cred, https=https)
-    # The same x-ms-version as the SDK's requests.
-    raw = RawClient(endpoint, container, auth, api_version=client.api_version, pool_size=pool_size)
-    return Shared(client, raw, session, adapter, pool_size)
+    return SdkClients(client, session, adapter)
 
 
 def acquire(
@@ -156,7 +196,8 @@ def acquire(
             # manager is one attribute store (re-mounting would mutate the
             # adapter dict other threads iterate); requests in flight finish
             # on connections of the old manager.
-            shared.adapter.init_poolmanager(4, pool_size)
+            if shared.sdk_clients is not None:
+                shared.sdk_clients.adapter.init_poolmanager(4, pool_size)
             shared.raw.pool.maxsize = pool_size
             shared.pool_size = pool_size
         shared.users += 1
@@ -172,6 +213,7 @@ def release(endpoint: str, container: str, credential: Credential) -> None:
         shared.users -= 1
         if shared.users <= 0:
             del _CLIENTS[key]
-            shared.client.close()
-            shared.session.close()
+            if shared.sdk_clients is not None:
+                shared.sdk_clients.client.close()
+                shared.sdk_clients.session.close()
             shared.raw.close()

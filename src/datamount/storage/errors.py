@@ -5,8 +5,13 @@ project sees an SDK or `requests` exception. Messages are built from the
 operation, the object name, the HTTP status and the service error code, never
 from the SDK's own text (which can hold a URL with a SAS token or a header).
 
-Threads: pure functions, safe anywhere. Imports azure.core, requests, urllib3,
-http.client and `datamount.errors`.
+The exception classes of azure-core, requests and urllib3 are looked up in
+`sys.modules`, not imported: an exception of a library that was never
+imported cannot be raised, and importing them here would cost a process
+that only uses the raw request path ~0.1 s.
+
+Threads: pure functions, safe anywhere. Imports http.client, ssl and
+`datamount.errors`.
 """
 
 from __future__ import annotations
@@ -15,21 +20,11 @@ import email.utils
 import errno
 import http.client
 import ssl
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-
-import requests
-import urllib3.exceptions
-from azure.core.exceptions import (
-    AzureError,
-    ClientAuthenticationError,
-    HttpResponseError,
-    ServiceRequestError,
-    ServiceRequestTimeoutError,
-    ServiceResponseError,
-    ServiceResponseTimeoutError,
-)
+from typing import Any
 
 from datamount.errors import (
     AccessDenied,
@@ -108,7 +103,20 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def _azure_code(exc: HttpResponseError) -> str | None:
+AZURE = "azure.core.exceptions"
+
+
+def _types(module: str, *names: str) -> tuple[type[BaseException], ...]:
+    """The exception classes `names` of `module` if something imported it
+    already, else (). (getattr: a module another thread is importing may
+    not define them all yet; no instance of a missing class exists.)"""
+    loaded = sys.modules.get(module)
+    if loaded is None:
+        return ()
+    return tuple(c for c in (getattr(loaded, n, None) for n in names) if c is not None)
+
+
+def _azure_code(exc: Any) -> str | None:
     # azure-storage sets `error_code` (a StorageErrorCode) on the errors it raises.
     code = getattr(exc, "error_code", None)
     if code is None:
@@ -118,7 +126,7 @@ def _azure_code(exc: HttpResponseError) -> str | None:
     return str(getattr(code, "value", code))
 
 
-def _headers(exc: HttpResponseError) -> Mapping[str, str] | None:
+def _headers(exc: Any) -> Mapping[str, str] | None:
     headers = getattr(exc.response, "headers", None)
     return headers if isinstance(headers, Mapping) else None
 
@@ -144,56 +152,23 @@ def map_error(
     if isinstance(exc, StorageError):
         return exc
     target = _target(key, store)
-    if isinstance(exc, ClientAuthenticationError) and (
-        exc.status_code is None or exc.status_code in (401, 403)
-    ):
-        status = exc.status_code
-        detail = f"HTTP {status} {_azure_code(exc) or ''}".strip() if status else "no token"
-        return AccessDenied(
-            f"{op} {target!r} failed: authentication failed ({detail})", status=status
-        )
-    if (
-        isinstance(exc, HttpResponseError)
-        and exc.status_code is not None
-        and exc.status_code >= 300
-    ):
-        return error_for_status(
-            exc.status_code,
-            op=op,
-            key=key,
-            store=store,
-            code=_azure_code(exc),
-            headers=_headers(exc),
-        )
-    if isinstance(exc, requests.HTTPError) and exc.response is not None:
-        r = exc.response
-        return error_for_status(r.status_code, op=op, key=key, store=store, headers=r.headers)
+    if isinstance(exc, _types(AZURE, "AzureError")):
+        return _from_azure(exc, op=op, key=key, store=store)
+    if isinstance(exc, _types("requests", "RequestException")):
+        return _from_requests(exc, op=op, key=key, store=store)
     if _cert_failure(exc):
         return StorageError(f"{op} {target!r} failed: TLS certificate verification failed")
     if isinstance(
         exc,
-        ServiceRequestError
-        | ServiceResponseError
-        | HttpResponseError  # a body cut short (IncompleteReadError, DecodeError)
-        | requests.ConnectionError
-        | requests.Timeout
-        | requests.exceptions.ChunkedEncodingError
-        | requests.exceptions.ContentDecodingError
-        | urllib3.exceptions.HTTPError
-        | http.client.HTTPException  # the raw path: a body cut short, a bad status line
-        | ssl.SSLError  # a TLS record cut short (certificate failures are handled above)
-        | ConnectionError
-        | TimeoutError,
+        (
+            http.client.HTTPException,  # the raw path: a body cut short, a bad status line
+            ssl.SSLError,  # a TLS record cut short (certificate failures are handled above)
+            ConnectionError,
+            TimeoutError,
+            *_types("urllib3.exceptions", "HTTPError"),
+        ),
     ):
-        cause = _root_cause(exc)
-        return StorageError(
-            f"{op} {target!r} failed: {_connection_detail(cause)}",
-            transient=True,
-            err=errno.EIO,
-        )
-    if isinstance(exc, requests.RequestException | AzureError):
-        # Bad URL, too many redirects, unsupported schema: not worth repeating.
-        return StorageError(f"{op} {target!r} failed: {type(exc).__name__}")
+        return _transient(exc, target, op)
     if isinstance(exc, FileNotFoundError | NotADirectoryError):
         return ObjectNotFound(f"{op} {target!r} failed: no such file")
     if isinstance(exc, PermissionError):
@@ -204,6 +179,58 @@ def map_error(
             err=exc.errno if exc.errno is not None else errno.EIO,
         )
     return StorageError(f"{op} {target!r} failed: {type(exc).__name__}")
+
+
+def _from_azure(exc: Any, *, op: str, key: str, store: str) -> StorageError:
+    target = _target(key, store)
+    status = getattr(exc, "status_code", None)  # HttpResponseError and its subclasses
+    if isinstance(exc, _types(AZURE, "ClientAuthenticationError")) and status in (None, 401, 403):
+        detail = f"HTTP {status} {_azure_code(exc) or ''}".strip() if status else "no token"
+        return AccessDenied(
+            f"{op} {target!r} failed: authentication failed ({detail})", status=status
+        )
+    if status is not None and status >= 300:
+        return error_for_status(
+            status, op=op, key=key, store=store, code=_azure_code(exc), headers=_headers(exc)
+        )
+    if _cert_failure(exc):
+        return StorageError(f"{op} {target!r} failed: TLS certificate verification failed")
+    # HttpResponseError below 300: a body cut short (IncompleteReadError, DecodeError).
+    if isinstance(
+        exc, _types(AZURE, "ServiceRequestError", "ServiceResponseError", "HttpResponseError")
+    ):
+        return _transient(exc, target, op)
+    return StorageError(f"{op} {target!r} failed: {type(exc).__name__}")
+
+
+def _from_requests(exc: Any, *, op: str, key: str, store: str) -> StorageError:
+    target = _target(key, store)
+    r = getattr(exc, "response", None)
+    if isinstance(exc, _types("requests", "HTTPError")) and r is not None:
+        return error_for_status(r.status_code, op=op, key=key, store=store, headers=r.headers)
+    if _cert_failure(exc):
+        return StorageError(f"{op} {target!r} failed: TLS certificate verification failed")
+    if isinstance(
+        exc,
+        _types(
+            "requests.exceptions",
+            "ConnectionError",
+            "Timeout",
+            "ChunkedEncodingError",
+            "ContentDecodingError",
+        ),
+    ):
+        return _transient(exc, target, op)
+    # Bad URL, too many redirects, unsupported schema: not worth repeating.
+    return StorageError(f"{op} {target!r} failed: {type(exc).__name__}")
+
+
+def _transient(exc: BaseException, target: str, op: str) -> StorageError:
+    return StorageError(
+        f"{op} {target!r} failed: {_connection_detail(_root_cause(exc))}",
+        transient=True,
+        err=errno.EIO,
+    )
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -225,14 +252,26 @@ def _connection_detail(cause: BaseException) -> str:
         return "body cut short"
     if isinstance(
         cause,
-        TimeoutError
-        | requests.Timeout
-        | urllib3.exceptions.TimeoutError
-        | ServiceRequestTimeoutError
-        | ServiceResponseTimeoutError,
+        (
+            TimeoutError,
+            *_types("requests.exceptions", "Timeout"),
+            *_types("urllib3.exceptions", "TimeoutError"),
+            *_types(AZURE, "ServiceRequestTimeoutError", "ServiceResponseTimeoutError"),
+        ),
     ):
         return "timed out"
     return f"connection failed ({type(cause).__name__})"
+
+
+def _library_errors() -> tuple[type[BaseException], ...]:
+    """The root exception classes that `translate` maps, of the libraries
+    loaded so far (requests' are OSErrors already)."""
+    return (
+        http.client.HTTPException,
+        OSError,
+        *_types(AZURE, "AzureError"),
+        *_types("urllib3.exceptions", "HTTPError"),
+    )
 
 
 @contextmanager
@@ -247,11 +286,7 @@ def translate(op: str, key: str, *, store: str = "") -> Iterator[None]:
         yield
     except StorageError:
         raise
-    except (
-        AzureError,
-        requests.RequestException,
-        urllib3.exceptions.HTTPError,
-        http.client.HTTPException,
-        OSError,
-    ) as exc:
+    except Exception as exc:
+        if not isinstance(exc, _library_errors()):
+            raise
         raise map_error(exc, op=op, key=key, store=store) from None
