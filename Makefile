@@ -48,6 +48,7 @@ demo: setup
 
 bench: setup
 	$(BIN)/python benchmarks/transfer.py
+	$(BIN)/python benchmarks/mount.py
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .demo

@@ -1,6 +1,6 @@
 """Shared benchmark helpers: an Azurite to measure against, seeded datasets,
 one contender per subprocess (wall time, CPU seconds, peak RSS), byte checks and
-tables. The transfer benchmark uses them; the mount benchmark will too.
+tables, and process probes from /proc. The transfer and mount benchmarks use them.
 
 Threads: seeding and hashing use small thread pools (the SDK and hashlib release
 the GIL); everything else runs on the caller's thread. Imports the test
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import http.client
 import json
 import os
 import random
@@ -20,10 +21,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from azure.storage.blob import ContainerClient
 
@@ -298,3 +301,135 @@ def print_table(title: str, total: int, rows: Sequence[tuple[str, Run | None, st
         print(
             f"  {name:<10} {run.seconds:8.2f} {rate:8.1f} {run.cpu:7.2f} {run.rss_mib:8.1f}  {note}"
         )
+
+
+# -- additions for the mount benchmark ----------------------------------------------
+
+
+def listing_dataset(scale: float = 1.0) -> Dataset:
+    """L: 20,000 tiny files in one folder (the listing test). `scale` shrinks the count
+    but never below 6,000, so the folder still spans two 5,000-entry listing pages."""
+    count = max(6000, round(20000 * scale))
+    return Dataset("L", "L/", [SeedFile(f"t{i:05d}.txt", len(_tiny(i))) for i in range(count)])
+
+
+def _tiny(index: int) -> bytes:
+    return f"tiny file {index:05d}\n".encode()
+
+
+def seed_tiny(endpoint: str, container: str, sas: str, ds: Dataset, threads: int = 32) -> None:
+    """Put every file of a listing dataset: bare SAS-signed PUTs on keep-alive
+    connections, `threads` at a time (the SDK's per-call CPU would make 20,000 tiny
+    uploads take minutes on two cores). `sas` needs create and write permission."""
+    from urllib.parse import quote, urlsplit
+
+    url = urlsplit(endpoint)
+    base = f"{url.path.rstrip('/')}/{container}/"
+    work = [(i, ds.blob_name(f.rel)) for i, f in enumerate(ds.files)]  # in index order
+    shards = [work[i::threads] for i in range(threads)]
+
+    def put(shard: list[tuple[int, str]]) -> None:
+        conn = http.client.HTTPConnection(url.netloc, timeout=60)
+        headers = {"x-ms-blob-type": "BlockBlob", "Content-Type": "text/plain"}
+        try:
+            for index, name in shard:
+                conn.request("PUT", f"{base}{quote(name)}?{sas}", _tiny(index), headers)
+                resp = conn.getresponse()
+                if resp.status != 201:
+                    raise RuntimeError(f"PUT {name}: HTTP {resp.status} {resp.read()[:200]!r}")
+                resp.read()
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(put, shards))
+
+
+def azurite_bytes_sent(azurite: BenchAzurite) -> int:
+    """Bytes Azurite has written to its sockets so far (/proc/<pid>/io wchar; it runs
+    with --silent, so nothing else): every byte a contender fetched, headers included."""
+    proc = azurite._proc
+    if proc is None:
+        return 0
+    with open(f"/proc/{proc.pid}/io") as io:
+        fields = dict(line.split(": ") for line in io.read().splitlines())
+    return int(fields["wchar"])
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, all its threads (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_peak_rss_mib(pid: int, reset: bool = False) -> float:
+    """VmHWM of `pid` in MiB; with `reset`, first restart the high-water mark from the
+    current RSS (writing 5 to /proc/<pid>/clear_refs, Linux 4.0+, as owner or root)."""
+    if reset:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/clear_refs", "w") as refs:
+            refs.write("5")
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def drop_page_cache(path: Path) -> None:
+    """Evict `path`'s pages from the page cache (dirty pages are written first)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def mounted(mountpoint: Path) -> bool:
+    """`mountpoint` is in /proc/mounts (whatever answers there)."""
+    with open("/proc/mounts") as mounts:
+        return any(line.split()[1] == str(mountpoint) for line in mounts)
+
+
+def alive(pid: int) -> bool:
+    """Process `pid` exists and is not a zombie (a reparented daemon may stay one)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait until the clean-up inside is done, then interrupt."""
+    deferred = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, deferred)
+
+
+def end_mount(mountpoint: Path, pids: set[int], unmount: Sequence[str] = (), **run: Any) -> None:
+    """Take a FUSE mount down and end the processes serving it: the `unmount` command
+    first if given (15 s for `pids` to exit after it), then SIGTERM (10 s), then
+    `fusermount3 -uz` if still mounted and SIGKILL for whatever still runs."""
+
+    def wait_gone(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while any(map(alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    if unmount and mounted(mountpoint):
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            subprocess.run(unmount, capture_output=True, timeout=60, **run)
+        wait_gone(15)
+    for sig, seconds in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        if sig == signal.SIGKILL and mounted(mountpoint):
+            subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True, timeout=30)
+        for pid in filter(alive, pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        wait_gone(seconds)
