@@ -277,3 +277,19 @@ def test_only_our_policy_retries(busy_server: tuple[str, list[str]], retries: in
     assert policy.stats.retries == retries
     assert all(d >= 2.0 for d in delays)  # Retry-After honoured
     store.close()
+
+
+@pytest.mark.azurite
+def test_directory_listing_starts_with_a_small_page(
+    azurite: Azurite, container: ContainerClient
+) -> None:
+    """`ls` / os.scandir wait on the first page of a delimiter listing: it is
+    1,000 entries, the next ones 5,000; a recursive listing keeps 5,000."""
+    from datamount.storage.azure_list import FIRST_DIR_PAGE_SIZE
+
+    azurite.seed(container, {f"flat/{i:05d}": b"" for i in range(1_203)}, threads=32)
+    store = key_store(azurite, container)
+    sizes = [len(p.objects) for p in store.list_pages("flat/", delimiter="/")]
+    assert sizes == [FIRST_DIR_PAGE_SIZE, 1_203 - FIRST_DIR_PAGE_SIZE]
+    assert [len(p.objects) for p in store.list_pages("flat/")] == [1_203]
+    store.close()

@@ -77,6 +77,8 @@ from datamount.storage.azure_clients import (
     release,
 )
 from datamount.storage.azure_list import (
+    FIRST_DIR_PAGE_SIZE,
+    PAGE_SIZE,
     b64_md5,
     http_time,
     info_from_headers,
@@ -160,8 +162,9 @@ class AzureBlobStore:
         target = f"{self.root}/{prefix}"
 
         def fetch(marker: str | None) -> tuple[ListPage, str | None]:
+            size = FIRST_DIR_PAGE_SIZE if delimiter and marker is None else PAGE_SIZE
             body = self.raw.get_container(
-                list_params(prefix, delimiter, marker),
+                list_params(prefix, delimiter, marker, size),
                 op="list",
                 key=prefix,
                 timeout=self.read_timeout,
