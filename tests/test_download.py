@@ -24,6 +24,7 @@ from datamount.storage.faults import FaultPlan, FaultyStore, connection_reset, f
 from datamount.storage.memory import MemoryStore
 from datamount.transfer.download import Downloader, DownloadOptions, NotEnoughSpace
 from datamount.transfer.manifest import MANIFEST_NAME
+from fuse_helpers import mount_env as cli_env
 
 RANGE = 64 * 1024  # small ranges: multi-range files stay small
 rng = random.Random(11)
@@ -289,22 +290,6 @@ def test_memory_is_bounded_by_threads_not_data(tmp_path: Path) -> None:
 # -- the CLI, as a job runs it ----------------------------------------------
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def cli_env(azurite, tmp_path: Path, container: str) -> dict[str, str]:  # noqa: ANN001
-    ws = tmp_path / "ws.yaml"
-    ws.write_text(
-        "datastores:\n"
-        f"  store: {{account_name: {azurite.account}, container_name: {container}, "
-        f"endpoint: '{azurite.endpoint}', credentials: {{account_key: '${{TEST_KEY}}'}}}}\n"
-    )
-    keep = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DATASET_", "RSLEX_", "DATAMOUNT_"))
-    }
-    return {**keep, "TEST_KEY": azurite.key, "DATAMOUNT_WORKSPACE": str(ws),
-            "DATAMOUNT_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
 
 
 def datamount(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import TextIO
 
 MANIFEST_NAME = ".datamount-manifest.jsonl"
 
@@ -24,7 +25,7 @@ class Manifest:
         self.source = source
         self._done: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()
-        self._file: object = None
+        self._file: TextIO | None = None
 
     def load(self) -> None:
         """Read what an earlier run of the same source completed."""
@@ -62,14 +63,14 @@ class Manifest:
         with self._lock:
             self._done[rel] = (size, etag)
             if self._file is not None:
-                self._file.write(line)  # type: ignore[attr-defined]
-                self._file.flush()  # type: ignore[attr-defined]
+                self._file.write(line)
+                self._file.flush()
 
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
                 with contextlib.suppress(OSError):
-                    self._file.close()  # type: ignore[attr-defined]
+                    self._file.close()
                 self._file = None
 
 
