@@ -1,5 +1,6 @@
 """`make demo`: start an embedded Azurite on 127.0.0.1:10000 (the endpoint of
 configs/workspace.yaml), seed a small dataset, run the CLI on the sample specs
+(validate, resolve, mount/unmount, download, a whole command job with `run`)
 and read through the storage layer, then stop Azurite — also on failure.
 """
 
@@ -40,9 +41,7 @@ def seed(azurite: Azurite) -> None:
 
 def step(title: str, *args: str, env: dict[str, str]) -> None:
     print(f"\n$ datamount {' '.join(args)}    # {title}", flush=True)
-    result = subprocess.run([DATAMOUNT, *args], env=env, cwd=REPO, text=True, capture_output=True)
-    sys.stdout.write(result.stdout)
-    sys.stdout.write(result.stderr)
+    result = subprocess.run([DATAMOUNT, *args], env=env, cwd=REPO, stderr=subprocess.STDOUT)
     print(f"(exit {result.returncode})", flush=True)
 
 
@@ -74,7 +73,21 @@ def main() -> int:
             step("direct mode", "resolve", "configs/inputs-outputs.yaml", "--input", name, env=env)
         step("a data asset by label", "resolve", "azureml:titanic@latest", env=env)
 
-        print("\nReading through the storage layer (what mount/download will build on):")
+        mnt = workdir / "mnt" / "titanic"
+        step("ro_mount: a FUSE mount, returns once it answers", "mount",
+             "configs/inputs-outputs.yaml", str(mnt), "--input", "titanic", env=env)  # fmt: skip
+        for name in sorted(os.listdir(mnt)):
+            print(f"  head -2 {mnt / name}: {(mnt / name).read_text().splitlines()[:2]}")
+        step("unmount drains and stops the daemon", "unmount", str(mnt), env=env)
+        step("download mode: a parallel copy to local disk", "download",
+             "configs/inputs-outputs.yaml", str(workdir / "dl"), "--input", "train",
+             "--overwrite", env=env)  # fmt: skip
+        (workdir / "workspace.assets.yaml").unlink(missing_ok=True)
+        step("a whole command job: inputs mounted/downloaded, command run, output uploaded "
+             "and registered", "run", "configs/command-job.yaml", env=env)  # fmt: skip
+        step("the registered output", "resolve", "azureml:demo-model@latest", env=env)
+
+        print("\nReading through the storage layer:")
         workspace = Workspace.load(REPO / "configs" / "workspace.yaml", env)
         spec = load_spec(REPO / "configs" / "inputs-outputs.yaml")
         entry = spec.entry("train")

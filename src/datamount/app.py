@@ -8,6 +8,7 @@ No threads of its own yet.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datamount import mountd
+from datamount import mountd, outputs, registry
 from datamount.errors import (
     DataError,
     DatamountError,
@@ -248,7 +249,7 @@ def download(
             downloader = Downloader(store, options, progress)
             result = downloader.download(tgt.location.key, dest, is_file=is_file, source_id=uri)
         except StorageError as exc:
-            raise DataError(f"download of {uri} failed: {exc}") from None
+            raise DataError(f"download of {uri} failed: {exc}", transient=exc.transient) from None
         finally:
             store.close()
         log.info(
@@ -309,8 +310,9 @@ def mount(
     daemon_argv: list[str] | None = None,
     ready_fd: int | None = None,
     on_ready: Callable[[Path], None] | None = None,
-) -> Path:
-    """The sidecar entry point; returns the path the job should use.
+) -> Path | str:
+    """The sidecar entry point; returns the path the job should use (the
+    resolved URI for `direct`).
 
     ro_mount: without `foreground`, starts the daemon (`daemon_argv`) and
     returns once the mount answers; with it, serves the mount in this process
@@ -329,10 +331,15 @@ def mount(
                     ctx, str(spec_path), mountpoint, name=entry.name, progress=progress
                 )
             return result.path
+        if entry.mode is Mode.UPLOAD:
+            return prepare_upload_output(ctx, spec, entry, mountpoint)
+        if entry.mode is Mode.DIRECT:
+            workspace = ctx.load_workspace(required=False) or Workspace.empty()
+            return resolve_entry(spec, entry, workspace).uri()
         if entry.mode is not Mode.RO_MOUNT:
             raise DatamountError(
                 f"{entry.direction}s.{entry.name}: mode {entry.mode.value} is not available yet "
-                "(this build supports: download, ro_mount)"
+                "(this build supports: download, ro_mount, upload, direct)"
             )
         if entry.direction != "input":
             raise SpecError(f"outputs.{entry.name}: ro_mount is an input mode")
@@ -379,8 +386,9 @@ def _ro_mount(
                 if daemon_argv is None:
                     raise DatamountError("mount: no daemon command to start")
                 pid = mountd.spawn(
-                    daemon_argv, mountpoint=mountpoint, log_file=settings.log_dir / RUNTIME_LOG
-                )
+                    daemon_argv, mountpoint=mountpoint, log_file=settings.log_dir / RUNTIME_LOG,
+                    env=ctx.environ,
+                )  # fmt: skip
                 log.info("mounted %s at %s (daemon pid %d)", location.uri(), mountpoint, pid)
                 return path
             stats = MountStats()
@@ -417,7 +425,7 @@ def _check_source(store: ObjectStore, location: StorageLocation, is_file: bool) 
     except ObjectNotFound as exc:
         raise DataError(f"{uri}: not found ({exc})") from None
     except StorageError as exc:
-        raise DataError(f"cannot read {uri}: {exc}") from None
+        raise DataError(f"cannot read {uri}: {exc}", transient=exc.transient) from None
 
 
 def make_reader(
@@ -506,10 +514,87 @@ def _daemon(
     return mountd.MountDaemon(fs, config, snapshot)
 
 
-def unmount(ctx: Context, mountpoint: Path, *, timeout: float | None = None) -> str:
-    """Drain and unmount a ro_mount; returns what was done."""
+# -- upload outputs and asset registration ---------------------------------------
+
+
+def prepare_upload_output(ctx: Context, spec: JobSpec, entry: DataInput, folder: Path) -> Path:
+    """An upload output: an empty local folder now, uploaded at `unmount`."""
+    if entry.direction != "output":
+        raise SpecError(f"inputs.{entry.name}: upload is an output mode")
+    if spec.source is None:
+        raise SpecError(f"outputs.{entry.name}: an upload output needs a spec file")
+    workspace = ctx.load_workspace(required=False) or Workspace.empty()
+    location = resolve_entry(spec, entry, workspace)  # fails now, not after the job
+    if location.kind is StorageKind.HTTP:
+        raise UriError(f"outputs.{entry.name}.path: cannot upload to a public http(s) URL")
+    file_name = None
+    if entry.type is DataType.URI_FILE:
+        file_name = location.key.rstrip("/").rpartition("/")[2] or entry.name
+    record = outputs.UploadOutput(
+        mountpoint=mountd.mount_key(folder),
+        spec=str(spec.source.resolve()),
+        output=entry.name,
+        workspace=str(workspace.source.resolve()) if workspace.source else None,
+        file_name=file_name,
+    )
+    path = outputs.prepare(ctx.settings.cache_dir, record)
+    log.info("outputs.%s: upload mode, local folder %s -> %s", entry.name, folder, location.uri())
+    return path
+
+
+def finish_upload_output(
+    ctx: Context, record: outputs.UploadOutput, *, register: bool = True
+) -> str:
+    """Upload what the job wrote, register the asset (unless `register` is
+    False), empty the local folder."""
+    if record.workspace and not ctx.workspace_flag:
+        ctx = dataclasses.replace(ctx, workspace_flag=record.workspace)
+    spec = load_spec(Path(record.spec))
+    entry = spec.entry(record.output)
+    src = outputs.source(record)
+    if record.file_name and not src.is_file():
+        raise OutputError(f"outputs.{entry.name}: the job wrote no file at {src}")
+    result = upload(ctx, src, record.spec, name=record.output, progress=None)
+    registered = register_output(ctx, spec, entry) if register else None
+    outputs.finish(ctx.settings.cache_dir, record)
+    done = f"uploaded {result.files} files ({result.bytes} bytes)"
+    return done + (f", registered {registered}" if registered else "")
+
+
+def register_output(ctx: Context, spec: JobSpec, entry: DataInput) -> str | None:
+    """Register `entry`'s asset (name, version) when it names one; 'name:version'."""
+    if entry.asset_name is None:
+        return None
+    workspace = ctx.load_workspace(required=False)
+    if workspace is None:
+        raise OutputError(
+            f"outputs.{entry.name}: registering data asset {entry.asset_name!r} needs a "
+            f"workspace file ({ctx.workspace_path()} not found)"
+        )
+    try:
+        version = registry.register(
+            workspace, entry.asset_name, entry.asset_version, type_=entry.type.value,
+            path=entry.path, description=entry.description, job=spec.name,
+        )  # fmt: skip
+    except InvalidInput as exc:
+        raise OutputError(f"outputs.{entry.name}: {exc}") from None
+    log.info("registered data asset %s:%s -> %s", entry.asset_name, version, entry.path)
+    return f"{entry.asset_name}:{version}"
+
+
+def unmount(
+    ctx: Context, mountpoint: Path, *, timeout: float | None = None, register: bool = True
+) -> str:
+    """Drain and unmount a mount, or upload an upload output (registering its
+    asset unless `register` is False); returns what was done."""
     settings = ctx.settings
     mountpoint = Path(mountd.mount_key(mountpoint))
+    record = outputs.read_record(settings.cache_dir, mountpoint)
+    if record is not None:
+        with activity("unmount", mountpoint=mountpoint, mode="upload"):
+            how = finish_upload_output(ctx, record, register=register)
+        log.info("unmount %s: %s", mountpoint, how)
+        return how
     wait = settings.unmount_timeout_seconds if timeout is None else timeout
     with activity("unmount", mountpoint=mountpoint):
         how = mountd.unmount(mountpoint, cache_dir=settings.cache_dir, timeout=wait)

@@ -11,13 +11,15 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from datamount import __version__, app
+from datamount import __version__, app, jobrun
 from datamount.errors import EXIT_FAILURE, EXIT_OK, DatamountError
 from datamount.log import setup_logging, shutdown_logging
 from datamount.settings import Settings
+from datamount.spec import load_spec
 from datamount.transfer.progress import Progress, human
 
 log = logging.getLogger("datamount.cli")
@@ -134,27 +136,58 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds to wait for open files (default: $DATASET_UNMOUNT_TIMEOUT_SECONDS, 30)",
     )
+
+    p = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run an Azure ML command job on this node (inputs, command, outputs)",
+        description=(
+            "Validate the job, materialise every input and output by its mode under a "
+            "working folder, substitute ${{inputs.x}} / ${{outputs.y}} in its command, run "
+            "it with bash in `code` with its environment_variables, then upload outputs, "
+            "register assets, unmount and clean up. Exit code: the command's own; 3 when "
+            "the data could not be prepared (the command never ran); 4 when outputs could "
+            "not be written; 2 for an invalid job."
+        ),
+    )
+    p.add_argument("job", metavar="JOB", help="Azure ML command job YAML")
+    p.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="job working folder (default: a new temporary folder, removed at the end)",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="keep the temporary working folder and its logs"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return _run_job(args)
     try:
         settings = Settings.from_env(os.environ, cache_dir=args.cache_dir, log_dir=args.log_dir)
     except DatamountError as exc:
         return _fail(exc)
     _start_logging(settings, args.command)
     ctx = app.Context(settings, dict(os.environ), Path.cwd(), args.workspace)
+    return _guarded(args.command, settings, lambda: _run(ctx, args))
+
+
+def _guarded(command: str, settings: Settings, body: Callable[[], int]) -> int:
+    """Run `body`: a DatamountError becomes its message and exit code, anything
+    unexpected one line (traceback in the runtime log)."""
     try:
-        return _run(ctx, args)
+        return body()
     except DatamountError as exc:
-        log.info("%s failed: %s", args.command, exc)
+        log.info("%s failed: %s", command, exc)
         return _fail(exc)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # the last line of defence: one line, traceback in the log
-        log.exception("unexpected error in %s", args.command)
+        log.exception("unexpected error in %s", command)
         print(
             f"{PROG}: error: unexpected {type(exc).__name__}: {exc} "
             f"(details in {settings.log_dir})",
@@ -236,22 +269,70 @@ def _mount(ctx: app.Context, args: argparse.Namespace) -> None:
 
 
 def _daemon_argv(ctx: app.Context, args: argparse.Namespace) -> list[str]:
-    """The command line of the background daemon: this `mount`, in the
+    return _mount_argv(ctx, Path(args.spec), Path(args.mountpoint), args.input)
+
+
+def _mount_argv(ctx: app.Context, spec: Path, mountpoint: Path, name: str | None) -> list[str]:
+    """The command line of a background mount daemon: `mount` in the
     foreground, with every path absolute (the daemon runs in '/')."""
     settings = ctx.settings
     argv = [
         sys.executable, "-m", "datamount.cli", "mount",
-        str((ctx.cwd / args.spec).resolve()), os.path.abspath(ctx.cwd / args.mountpoint),
+        str((ctx.cwd / spec).resolve()), os.path.abspath(ctx.cwd / mountpoint),
         "--foreground",
         "--cache-dir", str((ctx.cwd / settings.cache_dir).resolve()),
         "--log-dir", str((ctx.cwd / settings.log_dir).resolve()),
     ]  # fmt: skip
-    if args.input:
-        argv += ["--input", args.input]
+    if name:
+        argv += ["--input", name]
     workspace = ctx.workspace_path()
     if ctx.workspace_is_explicit() or workspace.exists():
         argv += ["--workspace", str((ctx.cwd / workspace).resolve())]
     return argv
+
+
+def _run_job(args: argparse.Namespace) -> int:
+    """`run`: check the job with settings from the environment plus the job's
+    environment_variables, then run it in its working folder, logging there."""
+    try:
+        spec = load_spec(Path(args.job))
+        env = {**os.environ, **spec.environment_variables}
+        settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
+        jobrun.check(app.Context(settings, env, Path.cwd(), args.workspace), spec)
+    except DatamountError as exc:
+        return _fail(exc)
+    temporary = args.workdir is None
+    try:
+        if temporary:
+            workdir = Path(tempfile.mkdtemp(prefix=f"datamount-{spec.name}-"))
+        else:
+            workdir = Path(args.workdir).resolve()
+            workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return _fail(DatamountError(f"--workdir {args.workdir}: {exc.strerror or exc}"))
+    log_dir = args.log_dir or workdir / "system_logs" / "data_capability"
+    settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=log_dir)
+    _start_logging(settings, "run")
+    ctx = app.Context(settings, env, Path.cwd(), args.workspace)
+
+    def say(line: str) -> None:
+        print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+
+    def body() -> int:
+        job = jobrun.JobRun(
+            ctx, spec, workdir, say=say,
+            daemon_argv=lambda entry, mountpoint: _mount_argv(
+                ctx, Path(args.job), mountpoint, entry.name
+            ),
+        )  # fmt: skip
+        return job.run().exit_code
+
+    code = _guarded("run", settings, body)
+    keep_logs = code != EXIT_OK and temporary and not args.keep
+    jobrun.cleanup(workdir, remove=temporary and not args.keep, keep_logs=keep_logs)
+    if args.keep or keep_logs:
+        say(f"logs in {settings.log_dir}")
+    return code
 
 
 def _unmount(ctx: app.Context, args: argparse.Namespace) -> None:

@@ -61,9 +61,17 @@ class SettingsError(InvalidInput):
 
 
 class DataError(DatamountError):
-    """Input data could not be prepared (download failed, source missing...)."""
+    """Input data could not be prepared (download failed, source missing...).
+
+    `transient` says the cause may go away when tried again (a storage error
+    that stayed transient through every retry, e.g. throttling or a reset).
+    """
 
     exit_code = EXIT_DATA
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class OutputError(DatamountError):

@@ -252,10 +252,16 @@ def prepare_mountpoint(mountpoint: Path, cache_dir: Path) -> None:
 
 
 def spawn(
-    argv: list[str], *, mountpoint: Path, log_file: Path, timeout: float = READY_TIMEOUT
+    argv: list[str],
+    *,
+    mountpoint: Path,
+    log_file: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = READY_TIMEOUT,
 ) -> int:
-    """Start the daemon `argv` (+ `--ready-fd N`), wait until it reports the
-    mount ready, and return its pid. Raises the daemon's error otherwise."""
+    """Start the daemon `argv` (+ `--ready-fd N`, environment `env`), wait
+    until it reports the mount ready, and return its pid. Raises the daemon's
+    error otherwise."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
     try:
@@ -268,6 +274,7 @@ def spawn(
                 stderr=out,
                 start_new_session=True,  # survives the shell and its signals
                 cwd="/",  # holds no directory busy
+                env=dict(env) if env is not None else None,
             )
     finally:
         os.close(write_end)

@@ -56,7 +56,7 @@ DEFAULT_MODE: dict[Direction, Mode] = {"input": Mode.RO_MOUNT, "output": Mode.RW
 LITERAL_TYPES = {"integer": int, "number": float, "boolean": bool, "string": str}
 DEFAULT_DATASTORE = "workspaceblobstore"
 SINGLE_INPUT_NAME = "input"
-_REFERENCE = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
+REFERENCE = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 
 
 class IdentityKind(StrEnum):
@@ -358,7 +358,7 @@ def _check_references(command: str, data: dict[str, Any]) -> list[str]:
         "inputs": set(map(str, (data.get("inputs") or {}))),
         "outputs": set(map(str, (data.get("outputs") or {}))),
     }
-    for ref in _REFERENCE.findall(command):
+    for ref in REFERENCE.findall(command):
         group, _, name = ref.partition(".")
         if group not in declared or not name:
             problems.append(

@@ -89,6 +89,29 @@ class WorkspaceConfig(BaseModel):
     datastores: dict[str, Datastore] = Field(default_factory=dict)
     accounts: dict[str, Account] = Field(default_factory=dict)
     data_assets: dict[str, list[AssetVersion]] = Field(default_factory=dict)
+    registry_file: str | None = None  # where jobs register versions (registry.py)
+
+
+def read_registry(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """The versions registered by jobs, per asset name ({} when none yet)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise WorkspaceError(f"asset registry {path}: cannot read it: {exc}") from None
+    assets = data.get("data_assets") if isinstance(data, dict) else None
+    if not isinstance(assets, dict) or not all(isinstance(v, list) for v in assets.values()):
+        raise WorkspaceError(f"asset registry {path}: expected 'data_assets:' lists of versions")
+    return {str(k): list(v) for k, v in assets.items()}
+
+
+def registry_path(source: Path, config: WorkspaceConfig) -> Path:
+    """The file registered asset versions go to: `registry_file:` (relative to
+    the workspace file), else `<workspace stem>.assets.yaml` beside it."""
+    if config.registry_file:
+        return source.parent / os.path.expanduser(config.registry_file)
+    return source.with_name(f"{source.stem}.assets.yaml")
 
 
 def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
@@ -112,6 +135,11 @@ class Workspace:
     def __init__(self, config: WorkspaceConfig, source: Path | None = None) -> None:
         self.config = config
         self.source = source
+        # The versions written in the workspace file itself (before registered ones).
+        self._declared = {k: list(v) for k, v in config.data_assets.items()}
+
+    def declared_versions(self, name: str) -> list[AssetVersion]:
+        return list(self._declared.get(name, []))
 
     @classmethod
     def empty(cls) -> Workspace:
@@ -150,7 +178,22 @@ class Workspace:
                 _register(store.credentials.account_key, store.credentials.sas_token)
         for account in config.accounts.values():
             _register(account.account_key, account.sas_token)
-        return cls(config, path)
+        workspace = cls(config, path)
+        workspace._merge_registered(registry_path(path, config))
+        return workspace
+
+    def _merge_registered(self, registry: Path) -> None:
+        """Add the versions jobs registered (registry.py) to `data_assets`."""
+        for name, versions in read_registry(registry).items():
+            try:
+                entries = [AssetVersion.model_validate(v) for v in versions]
+            except ValidationError as exc:
+                raise WorkspaceError(
+                    f"asset registry {registry}: data_assets.{name}: {exc.errors()[0]['msg']}"
+                ) from None
+            merged = self.config.data_assets.setdefault(str(name), [])
+            have = {v.version for v in merged}
+            merged.extend(e for e in entries if e.version not in have)
 
     # -- resolution -----------------------------------------------------------
 

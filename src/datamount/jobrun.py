@@ -1,0 +1,321 @@
+"""`datamount run JOB.yaml`: one Azure ML command job, start to end, on this node.
+
+What the service does around a command job: validate everything first
+(nothing starts on a bad spec), materialise every input by its mode and every
+output (in parallel: each entry is independent), substitute `${{inputs.x}}` /
+`${{outputs.y}}` in the command, run it with `bash -c` in `code` with the
+job's `environment_variables`, then upload outputs, register assets, unmount
+and clean up. The exit code is the command's own; a job whose data could not
+be prepared exits EXIT_DATA (the command never starts) and one whose outputs
+could not be written exits EXIT_OUTPUTS.
+
+Part of the composition root (it drives `app` the way the CLI does, and only
+`cli` imports it). Printing goes through the `say` callable the CLI passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from datamount import app, outputs
+from datamount.errors import (
+    EXIT_DATA,
+    EXIT_OK,
+    EXIT_OUTPUTS,
+    DataError,
+    DatamountError,
+    InvalidInput,
+    SpecError,
+)
+from datamount.log import activity
+from datamount.spec import REFERENCE, DataInput, JobSpec, LiteralInput, Mode
+from datamount.workspace import Workspace
+
+log = logging.getLogger("datamount.run")
+
+# Modes `run` can materialise in this build.
+INPUT_MODES = (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT)
+OUTPUT_MODES = (Mode.UPLOAD, Mode.DIRECT)
+# Attempts to prepare one input when its failure is transient (each attempt
+# already retried every request AZUREML_DATASET_HTTP_RETRY_COUNT times).
+PREPARE_ATTEMPTS = 3
+PREPARE_BACKOFF = 2.0  # seconds before the 2nd attempt, doubled after
+
+DaemonArgv = Callable[[DataInput, Path], list[str]]
+
+
+@dataclass
+class Prepared:
+    """One materialised entry: what `${{...}}` becomes, and what to undo."""
+
+    entry: DataInput
+    value: str  # the path (or URI for direct) substituted in the command
+    mountpoint: Path | None = None  # a FUSE mount or an upload folder to finish
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    command_code: int | None  # None: the command never ran
+    problems: list[str] = field(default_factory=list)
+
+
+def check(ctx: app.Context, spec: JobSpec) -> None:
+    """Everything that can be known before starting, all problems at once."""
+    problems: list[str] = []
+    if spec.shape != "command" or not spec.command:
+        raise SpecError(f"{spec.source}: `run` needs an Azure ML command job (with 'command:')")
+    workspace = ctx.load_workspace(required=False)
+    for entry in app.all_entries(spec):
+        where = f"{entry.direction}s.{entry.name}"
+        allowed = INPUT_MODES if entry.direction == "input" else OUTPUT_MODES
+        if entry.mode not in allowed:
+            problems.append(
+                f"{where}.mode: {entry.mode.value} is not available in `run` yet "
+                f"(supported: {', '.join(m.value for m in allowed)})"
+            )
+        try:
+            app.resolve_entry(spec, entry, workspace or Workspace.empty())
+        except InvalidInput as exc:
+            problems += exc.problems
+        if entry.asset_name is not None and workspace is None:
+            problems.append(
+                f"{where}: registering data asset {entry.asset_name!r} needs a workspace file "
+                f"({ctx.workspace_path()} not found)"
+            )
+        elif entry.asset_name and entry.asset_version and workspace is not None:
+            versions = workspace.config.data_assets.get(entry.asset_name, [])
+            if any(v.version == entry.asset_version for v in versions):
+                problems.append(
+                    f"{where}: data asset {entry.asset_name}:{entry.asset_version} "
+                    "is already registered"
+                )
+    code = code_dir(spec)
+    if code is not None and not code.is_dir():
+        problems.append(f"code: {code} is not a folder")
+    if problems:
+        raise SpecError(problems)
+
+
+def code_dir(spec: JobSpec) -> Path | None:
+    if spec.code is None:
+        return None
+    base = spec.source.parent if spec.source else Path.cwd()
+    return (base / os.path.expanduser(spec.code)).resolve()
+
+
+def substitute(command: str, values: dict[str, str]) -> str:
+    """Replace every `${{inputs.x}}` / `${{outputs.y}}` by its value."""
+
+    def value(match: re.Match[str]) -> str:
+        ref = match.group(1)
+        if ref not in values:
+            raise SpecError(f"command: ${{{{{ref}}}}} has no value")
+        return values[ref]
+
+    return REFERENCE.sub(value, command)
+
+
+class JobRun:
+    """One run of one job in `workdir` (created by the caller)."""
+
+    def __init__(
+        self,
+        ctx: app.Context,
+        spec: JobSpec,
+        workdir: Path,
+        *,
+        daemon_argv: DaemonArgv,
+        say: Callable[[str], None],
+    ) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.workdir = workdir
+        self.daemon_argv = daemon_argv
+        self.say = say
+        self.prepared: list[Prepared] = []
+        self._child: subprocess.Popen[bytes] | None = None
+
+    # -- the whole run -----------------------------------------------------------
+
+    def run(self) -> Outcome:
+        with activity("run", job=self.spec.name, workdir=self.workdir):
+            try:
+                self._prepare_all()
+            except DatamountError as exc:
+                self._undo()
+                self.say(f"data could not be prepared: {exc}")
+                return Outcome(EXIT_DATA, None, [str(exc)])
+            values = self._values()
+            command = substitute(self.spec.command or "", values)
+            try:
+                code = self._execute(command)
+            finally:
+                problems = self._finish(command_ok=self._child_ok())
+            if problems:
+                for line in problems:
+                    self.say(f"outputs could not be written: {line}")
+                return Outcome(code if code != EXIT_OK else EXIT_OUTPUTS, code, problems)
+            return Outcome(code, code)
+
+    def _child_ok(self) -> bool:
+        return self._child is not None and self._child.returncode == 0
+
+    # -- materialising -------------------------------------------------------------
+
+    def _prepare_all(self) -> None:
+        entries = list(self.spec.data_inputs.values()) + list(self.spec.outputs.values())
+        if not entries:
+            return
+        with ThreadPoolExecutor(len(entries), thread_name_prefix="prepare") as pool:
+            futures = [pool.submit(self._prepare_retrying, entry) for entry in entries]
+            errors: list[str] = []
+            for future in futures:
+                try:
+                    self.prepared.append(future.result())
+                except DatamountError as exc:
+                    errors.append(str(exc))
+        if errors:
+            raise DataError("; ".join(errors))
+
+    def _prepare_retrying(self, entry: DataInput) -> Prepared:
+        delay = PREPARE_BACKOFF
+        for attempt in range(1, PREPARE_ATTEMPTS + 1):
+            try:
+                return self._prepare(entry)
+            except DataError as exc:
+                if not exc.transient or attempt == PREPARE_ATTEMPTS:
+                    raise
+                log.warning(
+                    "%ss.%s: transient failure (%s); attempt %d of %d in %.1f s",
+                    entry.direction, entry.name, exc, attempt + 1, PREPARE_ATTEMPTS, delay,
+                )  # fmt: skip
+                time.sleep(delay * random.uniform(0.5, 1.0))
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    def _prepare(self, entry: DataInput) -> Prepared:
+        folder = self.workdir / f"{entry.direction}s" / entry.name
+        where = f"{entry.direction}s.{entry.name}"
+        started = time.monotonic()
+        if entry.mode is Mode.DOWNLOAD:
+            folder.mkdir(parents=True, exist_ok=True)
+        path = app.mount(
+            self.ctx, self._spec_path(), folder, name=entry.name, progress=None,
+            daemon_argv=self.daemon_argv(entry, folder),
+        )  # fmt: skip
+        keep = folder if entry.mode in (Mode.RO_MOUNT, Mode.RW_MOUNT, Mode.UPLOAD) else None
+        self.say(f"{where} ({entry.mode.value}): {path} [{time.monotonic() - started:.1f} s]")
+        return Prepared(entry, str(path), keep)
+
+    def _spec_path(self) -> Path:
+        assert self.spec.source is not None
+        return self.spec.source
+
+    def _values(self) -> dict[str, str]:
+        values = {f"{p.entry.direction}s.{p.entry.name}": p.value for p in self.prepared}
+        for name, item in self.spec.inputs.items():
+            if isinstance(item, LiteralInput):
+                values[f"inputs.{name}"] = item.render()
+        return values
+
+    # -- the command -----------------------------------------------------------
+
+    def _execute(self, command: str) -> int:
+        cwd = code_dir(self.spec) or self.workdir
+        log.info("running the command in %s", cwd)
+        self.say(f"running the command in {cwd}")
+        with activity("command", job=self.spec.name), self._forwarding_signals():
+            self._child = subprocess.Popen(
+                ["bash", "-c", command], cwd=cwd, env=dict(self.ctx.environ)
+            )
+            code = self._child.wait()
+        if code < 0:
+            code = 128 - code  # killed by a signal: the shell's convention
+        log.info("the command exited with %d", code)
+        self.say(f"the command exited with {code}")
+        return code
+
+    @contextlib.contextmanager
+    def _forwarding_signals(self) -> Iterator[None]:
+        """SIGTERM/SIGINT/SIGHUP go to the command (which decides), not to us."""
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            if self._child is not None and self._child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._child.send_signal(signum)
+
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        previous = {s: signal.signal(s, forward) for s in signals}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    # -- after the command ------------------------------------------------------
+
+    def _finish(self, *, command_ok: bool) -> list[str]:
+        """Upload outputs (even when the command failed, as Azure ML does),
+        register assets only for a successful command, then unmount inputs."""
+        problems: list[str] = []
+        for item in self.prepared:
+            entry = item.entry
+            if entry.direction != "output":
+                continue
+            where = f"outputs.{entry.name}"
+            try:
+                if item.mountpoint is not None:
+                    # An upload output uploads (and registers) at its unmount.
+                    how = app.unmount(self.ctx, item.mountpoint, register=command_ok)
+                    self.say(f"{where}: {how}")
+                if command_ok and entry.mode is not Mode.UPLOAD:
+                    registered = app.register_output(self.ctx, self.spec, entry)
+                    if registered:
+                        self.say(f"{where}: registered {registered}")
+            except DatamountError as exc:
+                problems.append(str(exc))
+            if entry.asset_name and not command_ok:
+                log.info("%s: not registered as %s (the command failed)", where, entry.asset_name)
+        self._undo(inputs_only=True)
+        return problems
+
+    def _undo(self, *, inputs_only: bool = False) -> None:
+        """Unmount inputs (and, before the command, forget outputs)."""
+        settings = self.ctx.settings
+        for item in self.prepared:
+            if item.mountpoint is None or (inputs_only and item.entry.direction == "output"):
+                continue
+            record = outputs.read_record(settings.cache_dir, item.mountpoint)
+            if record is not None:  # an upload output of a job that never ran
+                outputs.finish(settings.cache_dir, record)
+                continue
+            try:
+                app.unmount(self.ctx, item.mountpoint)
+            except DatamountError as exc:
+                log.warning("%s: unmount failed: %s", item.mountpoint, exc)
+
+
+def cleanup(workdir: Path, *, remove: bool, keep_logs: bool) -> None:
+    """Remove the working folder (keeping `system_logs` when asked)."""
+    if not remove:
+        return
+    if not keep_logs:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    for child in workdir.iterdir():
+        if child.name != "system_logs":
+            shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()

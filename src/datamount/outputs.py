@@ -1,0 +1,88 @@
+"""The `upload` output mode's local side: an empty folder handed to the job,
+and a record of what to upload from it when the job ends.
+
+`datamount mount SPEC MOUNTPOINT` for an upload output prepares MOUNTPOINT as
+an empty local folder and records (in `<cache>/outputs/<hash>.json`) which
+spec entry it belongs to; `datamount unmount MOUNTPOINT` finds that record,
+uploads the folder's content through the transfer engine, registers the asset
+when the output names one, and empties the local folder. A failed upload keeps
+both the folder and the record, so the unmount can simply be run again.
+Imports `errors`, `mountd` (mount point hashing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from datamount.errors import DataError
+from datamount.mountd import find_mount, mount_key, state_file
+
+
+@dataclass(frozen=True)
+class UploadOutput:
+    """One prepared upload output, as recorded at mount time."""
+
+    mountpoint: str
+    spec: str
+    output: str
+    workspace: str | None
+    file_name: str | None  # uri_file outputs: the one file the job writes
+
+
+def record_file(cache_dir: Path, mountpoint: Path) -> Path:
+    mounts = state_file(cache_dir, mountpoint)
+    return cache_dir / "outputs" / mounts.name
+
+
+def read_record(cache_dir: Path, mountpoint: Path) -> UploadOutput | None:
+    try:
+        data = json.loads(record_file(cache_dir, mountpoint).read_text())
+        return UploadOutput(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def prepare(cache_dir: Path, record: UploadOutput) -> Path:
+    """Create the empty folder and the record; returns the path for the job."""
+    folder = Path(record.mountpoint)
+    if find_mount(folder) is not None:
+        raise DataError(f"{folder} is a mount point; an upload output needs a plain folder")
+    if read_record(cache_dir, folder) is not None:
+        raise DataError(
+            f"{folder} already holds an upload output not yet uploaded; "
+            f"run `datamount unmount {folder}` first"
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if any(os.scandir(folder)):
+            raise DataError(f"{folder} is not empty; an upload output starts from an empty folder")
+    except OSError as exc:
+        raise DataError(f"{folder}: {exc.strerror or exc}") from None
+    path = record_file(cache_dir, folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(record), indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return folder / record.file_name if record.file_name else folder
+
+
+def source(record: UploadOutput) -> Path:
+    """What to upload: the folder, or the one file of a uri_file output."""
+    folder = Path(record.mountpoint)
+    return folder / record.file_name if record.file_name else folder
+
+
+def finish(cache_dir: Path, record: UploadOutput) -> None:
+    """After a successful upload: remove the local copy (the folder stays,
+    empty, like a mount point after an unmount) and the record."""
+    with os.scandir(record.mountpoint) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                Path(entry.path).unlink(missing_ok=True)
+    record_file(cache_dir, Path(mount_key(Path(record.mountpoint)))).unlink(missing_ok=True)

@@ -1,0 +1,294 @@
+"""`datamount run` and the upload output mode through the CLI: real Azurite,
+real FUSE for the ro_mount input. Every mount point goes through the `mounts`
+fixture, which detaches whatever a test leaves behind and fails the test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fuse_helpers import Mounts, datamount, mount_env, mounted, tracked_mounts
+
+rng = random.Random(11)
+SOURCE = {
+    "data/train/a.txt": b"alpha\n",
+    "data/train/sub/b.bin": rng.randbytes(3 * 1024 * 1024 + 5),
+    "data/config.json": b'{"lr": 0.1}\n',
+}
+TRAIN_SH = """\
+set -eu
+train="$1"; cfg="$2"; raw="$3"; epochs="$4"; lr="$5"; model="$6"; metrics="$7"
+cp "$train/a.txt" "$model/a.txt"
+mkdir -p "$model/deep"
+sha256sum "$train/sub/b.bin" | cut -d' ' -f1 > "$model/deep/b.sha256"
+cp "$cfg" "$model/config.json"
+printf 'raw=%s\\nepochs=%s\\nlr=%s\\nvar=%s\\npwd=%s\\n' "$raw" "$epochs" "$lr" "$MY_VAR" "$PWD" \\
+    > "$model/args.txt"
+echo '{"accuracy": 0.9}' > "$metrics"
+echo "trained for $epochs epochs"
+"""
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[Mounts]:
+    yield from tracked_mounts(tmp_path)
+
+
+@pytest.fixture
+def seeded(container) -> str:  # noqa: ANN001
+    for key, data in SOURCE.items():
+        container.upload_blob(key, data, overwrite=True)
+    return container.container_name
+
+
+def job_file(tmp_path: Path, command: str, **changes: object) -> Path:
+    code = tmp_path / "src"
+    code.mkdir(exist_ok=True)
+    (code / "train.sh").write_text(TRAIN_SH)
+    job: dict[str, object] = {
+        "$schema": "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json",
+        "name": "testjob",
+        "code": "src",
+        "command": command,
+        "inputs": {
+            "train": {"type": "uri_folder", "mode": "ro_mount",
+                      "path": "azureml://datastores/store/paths/data/train/"},
+            "cfg": {"type": "uri_file", "mode": "download",
+                    "path": "azureml://datastores/store/paths/data/config.json"},
+            "raw": {"type": "uri_folder", "mode": "direct",
+                    "path": "azureml://datastores/store/paths/data/train/"},
+            "epochs": 3,
+            "lr": {"type": "number", "default": 0.5},
+        },
+        "outputs": {
+            "model": {"type": "uri_folder", "mode": "upload", "name": "mymodel",
+                      "path": "azureml://datastores/store/paths/out/model/"},
+            "metrics": {"type": "uri_file", "mode": "upload",
+                        "path": "azureml://datastores/store/paths/out/metrics.json"},
+        },
+        "environment_variables": {"MY_VAR": "hello", "DATASET_MOUNT_READ_BLOCK_SIZE": "1MB"},
+    }  # fmt: skip
+    job.update(changes)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+FULL = (
+    "bash train.sh ${{inputs.train}} ${{inputs.cfg}} ${{inputs.raw}} ${{inputs.epochs}} "
+    "${{inputs.lr}} ${{outputs.model}} ${{outputs.metrics}}"
+)
+
+
+def blob(container, key: str) -> bytes:  # noqa: ANN001
+    return container.download_blob(key).readall()
+
+
+def registry(tmp_path: Path) -> dict:
+    return yaml.safe_load((tmp_path / "ws.assets.yaml").read_text())["data_assets"]
+
+
+def test_run_every_mode_end_to_end(
+    azurite, container, seeded, tmp_path: Path, mounts: Mounts
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    job = job_file(tmp_path, FULL)
+    workdir = tmp_path / "work"
+    mounts.point(workdir / "inputs" / "train")
+    out = datamount("run", str(job), "--workdir", str(workdir), env=env)
+    assert out.returncode == 0, out.stderr
+    assert "trained for 3 epochs" in out.stdout  # the command's own output streams through
+
+    assert blob(container, "out/model/a.txt") == SOURCE["data/train/a.txt"]
+    sha = hashlib.sha256(SOURCE["data/train/sub/b.bin"]).hexdigest()
+    assert blob(container, "out/model/deep/b.sha256").decode().strip() == sha
+    assert blob(container, "out/model/config.json") == SOURCE["data/config.json"]
+    args = dict(
+        line.split("=", 1) for line in blob(container, "out/model/args.txt").decode().splitlines()
+    )
+    assert args["raw"] == f"{azurite.endpoint}/{seeded}/data/train/"
+    assert (args["epochs"], args["lr"], args["var"]) == ("3", "0.5", "hello")
+    assert args["pwd"] == str(tmp_path / "src")
+    assert json.loads(blob(container, "out/metrics.json")) == {"accuracy": 0.9}
+
+    assert registry(tmp_path)["mymodel"][0] | {"created": None} == {
+        "version": "1", "type": "uri_folder", "job": "testjob", "created": None,
+        "path": "azureml://datastores/store/paths/out/model/",
+    }  # fmt: skip
+    assert not mounted(workdir / "inputs" / "train")
+    assert list((workdir / "outputs" / "model").iterdir()) == []  # the local copy is gone
+    logs = workdir / "system_logs" / "data_capability"
+    activity = (logs / "data-capability.log").read_text()
+    assert "ActivityStarted, run" in activity and "ActivityStarted, command" in activity
+    # The job's environment_variables tune datamount itself (the mount daemon's settings).
+    assert "DATASET_MOUNT_READ_BLOCK_SIZE=1MB" in (logs / "datamount-runtime.log").read_text()
+
+    # A second run registers the next version; the registered asset is usable as an input.
+    again = datamount("run", str(job), "--workdir", str(workdir), env=env)
+    assert again.returncode == 0, again.stderr
+    assert [v["version"] for v in registry(tmp_path)["mymodel"]] == ["1", "2"]
+    resolved = datamount("resolve", "azureml:mymodel:2", env=env)
+    assert resolved.stdout.strip() == f"{azurite.endpoint}/{seeded}/out/model/", resolved.stderr
+
+
+def test_run_default_workdir_is_removed(
+    azurite, container, seeded, tmp_path: Path, mounts: Mounts
+) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**mount_env(azurite, tmp_path, seeded), "TMPDIR": str(scratch)}
+    job = job_file(
+        tmp_path, "cat ${{inputs.cfg}} && ls ${{inputs.train}} && echo 1 > ${{outputs.metrics}}"
+    )
+    out = datamount("run", str(job), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ['{"lr": 0.1}', "a.txt", "sub"]
+    assert list(scratch.iterdir()) == []
+
+
+def test_failing_command_keeps_its_exit_code_and_uploads_outputs(
+    azurite, container, seeded, tmp_path: Path, mounts: Mounts
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    job = job_file(
+        tmp_path,
+        "echo partial > ${{outputs.model}}/ckpt.txt; echo 1 > ${{outputs.metrics}}; exit 7",
+    )
+    workdir = tmp_path / "work"
+    mounts.point(workdir / "inputs" / "train")
+    out = datamount("run", str(job), "--workdir", str(workdir), env=env)
+    assert out.returncode == 7, out.stderr
+    assert blob(container, "out/model/ckpt.txt") == b"partial\n"  # uploaded anyway
+    assert not (tmp_path / "ws.assets.yaml").exists()  # a failed job registers nothing
+    assert not mounted(workdir / "inputs" / "train")
+
+
+def test_missing_input_fails_before_the_command(
+    azurite, container, seeded, tmp_path: Path, mounts: Mounts
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    marker = tmp_path / "ran"
+    job = job_file(tmp_path, f"touch {marker}")
+    spec = yaml.safe_load(job.read_text())
+    spec["inputs"]["cfg"]["path"] = "azureml://datastores/store/paths/data/missing.json"
+    job.write_text(yaml.safe_dump(spec))
+    workdir = tmp_path / "work"
+    mounts.point(workdir / "inputs" / "train")
+    out = datamount("run", str(job), "--workdir", str(workdir), env=env)
+    assert out.returncode == 3, out.stderr
+    assert not marker.exists()
+    assert "data could not be prepared" in out.stderr and "missing.json" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not mounted(workdir / "inputs" / "train")  # the input that did mount is undone
+    assert not list(container.list_blobs(name_starts_with="out/"))
+
+
+def test_invalid_job_reports_every_problem_and_starts_nothing(
+    azurite, container, seeded, tmp_path: Path
+) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**mount_env(azurite, tmp_path, seeded), "TMPDIR": str(scratch)}
+    job = job_file(
+        tmp_path,
+        "echo ${{inputs.nope}}",
+        environment_variables={"DATASET_MOUNT_READ_THREADS": "many"},
+    )
+    out = datamount("run", str(job), env=env)
+    assert out.returncode == 2
+    assert "${{inputs.nope}} names no declared input" in out.stderr
+    assert list(scratch.iterdir()) == []
+
+    job = job_file(tmp_path, "true", environment_variables={"DATASET_MOUNT_READ_THREADS": "x"})
+    out = datamount("run", str(job), env=env)
+    assert out.returncode == 2 and "DATASET_MOUNT_READ_THREADS" in out.stderr
+
+    spec = yaml.safe_load(job_file(tmp_path, "true").read_text())
+    spec["inputs"]["cfg"]["path"] = "azureml://datastores/nostore/paths/x.json"
+    spec["inputs"]["tab"] = {"type": "mltable", "mode": "eval_mount", "path": "./tab/"}
+    spec["outputs"]["model"]["version"] = "1"
+    (tmp_path / "ws.assets.yaml").write_text(
+        "data_assets:\n  mymodel:\n    - {version: '1', type: uri_folder, path: /x/}\n"
+    )
+    job.write_text(yaml.safe_dump(spec))
+    out = datamount("run", str(job), env=env)
+    assert out.returncode == 2
+    lines = out.stderr.splitlines()
+    assert any("nostore" in line for line in lines)
+    assert any("inputs.tab.mode: eval_mount is not available" in line for line in lines)
+    assert any("mymodel:1 is already registered" in line for line in lines)
+    assert list(scratch.iterdir()) == []
+
+
+def prepare_upload(tmp_path: Path, env: dict[str, str], output: dict[str, str]) -> Path:
+    """Write a one-output spec, `mount` it into tmp_path/out; the printed path."""
+    spec = tmp_path / "out.yaml"
+    spec.write_text(yaml.safe_dump({"outputs": {"out": {"mode": "upload", **output}}}))
+    out = datamount("mount", str(spec), str(tmp_path / "out"), env=env)
+    assert out.returncode == 0, out.stderr
+    return Path(out.stdout.strip())
+
+
+def test_upload_output_through_mount_and_unmount(azurite, container, tmp_path: Path) -> None:
+    env = mount_env(azurite, tmp_path, container.container_name)
+    output = {"path": "azureml://datastores/store/paths/results/", "name": "results"}
+    folder = tmp_path / "out"
+    assert prepare_upload(tmp_path, env, output) == folder
+    (folder / "sub").mkdir()
+    (folder / "sub" / "x.bin").write_bytes(b"x" * 100)
+    (folder / "y.txt").write_text("y")
+
+    busy = datamount("mount", str(tmp_path / "out.yaml"), str(folder), env=env)
+    assert busy.returncode == 3 and "not yet uploaded" in busy.stderr
+
+    done = datamount("unmount", str(folder), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "uploaded 2 files" in done.stderr and "registered results:1" in done.stderr
+    assert blob(container, "results/sub/x.bin") == b"x" * 100
+    assert blob(container, "results/y.txt") == b"y"
+    assert folder.is_dir() and list(folder.iterdir()) == []
+
+    again = datamount("unmount", str(folder), env=env)
+    assert again.returncode == 3 and "is not mounted" in again.stderr
+
+
+def test_upload_output_failure_keeps_the_data_for_a_retry(
+    azurite, container, tmp_path: Path
+) -> None:
+    env = mount_env(azurite, tmp_path, container.container_name)
+    output = {"type": "uri_file", "path": "azureml://datastores/store/paths/m/metrics.json"}
+    path = prepare_upload(tmp_path, env, output)
+    folder = tmp_path / "out"
+    assert path == folder / "metrics.json"
+
+    missing = datamount("unmount", str(folder), env=env)  # the job wrote nothing
+    assert missing.returncode == 4 and "wrote no file" in missing.stderr
+
+    path.write_text("{}")
+    broken = {**env, "TEST_KEY": "d3Jvbmcga2V5"}  # a wrong account key: 403
+    denied = datamount("unmount", str(folder), env=broken)
+    assert denied.returncode == 4, denied.stderr
+    assert path.read_text() == "{}"  # nothing lost
+
+    ok = datamount("unmount", str(folder), env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert blob(container, "m/metrics.json") == b"{}"
+    assert not path.exists()
+
+
+def test_direct_mode_mount_prints_the_uri(azurite, container, tmp_path: Path) -> None:
+    env = mount_env(azurite, tmp_path, container.container_name)
+    spec = tmp_path / "d.yaml"
+    spec.write_text("type: uri_folder\nmode: direct\npath: azureml://datastores/store/paths/p/\n")
+    out = datamount("mount", str(spec), str(tmp_path / "unused"), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"{azurite.endpoint}/{container.container_name}/p/"
+    assert not os.path.exists(tmp_path / "unused")
