@@ -11,10 +11,12 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
+from faultproxy import FaultProxy
 from fuse_helpers import Mounts, datamount, mount_env, mounted, tracked_mounts
 
 rng = random.Random(11)
@@ -292,3 +294,51 @@ def test_direct_mode_mount_prints_the_uri(azurite, container, tmp_path: Path) ->
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"{azurite.endpoint}/{container.container_name}/p/"
     assert not os.path.exists(tmp_path / "unused")
+
+
+@pytest.fixture
+def proxy(azurite) -> Iterator[FaultProxy]:  # noqa: ANN001
+    with FaultProxy(azurite.port) as p:
+        yield p
+
+
+def cfg_only_job(tmp_path: Path) -> Path:
+    """A job with one downloaded input (config.json) and no outputs."""
+    inputs = {"cfg": {"type": "uri_file", "mode": "download",
+                      "path": "azureml://datastores/store/paths/data/config.json"}}  # fmt: skip
+    return job_file(tmp_path, "cat ${{inputs.cfg}}", inputs=inputs, outputs={})
+
+
+def cfg_requests(proxy: FaultProxy) -> list[str]:
+    """How each GET of config.json was answered."""
+    gets = [r for r in proxy.requests if r.method == "GET" and r.path.endswith("config.json")]
+    return [r.injected or str(r.status) for r in gets]
+
+
+def test_transient_failure_preparing_an_input_is_tried_again(
+    azurite, container, seeded, tmp_path: Path, proxy: FaultProxy
+) -> None:
+    via = SimpleNamespace(account=azurite.account, key=azurite.key, endpoint=proxy.endpoint)
+    # No request-level retries: the 503 reaches the job runner, which tries the input again.
+    env = mount_env(via, tmp_path, seeded, AZUREML_DATASET_HTTP_RETRY_COUNT="0")
+    workdir = tmp_path / "work"
+    proxy.fail_ranged(1, status=503)
+    out = datamount("run", str(cfg_only_job(tmp_path)), "--workdir", str(workdir), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == SOURCE["data/config.json"].decode()
+    assert cfg_requests(proxy).count("fail") == 1 and cfg_requests(proxy)[-1] == "206"
+    runtime = (workdir / "system_logs" / "data_capability" / "datamount-runtime.log").read_text()
+    assert "inputs.cfg: transient failure" in runtime and "attempt 2 of 3" in runtime
+
+
+def test_permanent_failure_preparing_an_input_is_not_tried_again(
+    azurite, container, seeded, tmp_path: Path, proxy: FaultProxy
+) -> None:
+    via = SimpleNamespace(account=azurite.account, key=azurite.key, endpoint=proxy.endpoint)
+    env = mount_env(via, tmp_path, seeded)
+    proxy.deny("config.json")
+    out = datamount("run", str(cfg_only_job(tmp_path)), "--workdir", str(tmp_path / "w"), env=env)
+    assert out.returncode == 3
+    assert "data could not be prepared" in out.stderr and "Traceback" not in out.stderr
+    assert cfg_requests(proxy) == ["deny"]  # a 403 is final: one request, no second attempt
+    assert out.stdout == ""

@@ -249,7 +249,8 @@ def download(
             downloader = Downloader(store, options, progress)
             result = downloader.download(tgt.location.key, dest, is_file=is_file, source_id=uri)
         except StorageError as exc:
-            raise DataError(f"download of {uri} failed: {exc}", transient=exc.transient) from None
+            again = exc.transient or exc.exhausted
+            raise DataError(f"download of {uri} failed: {exc}", transient=again) from None
         finally:
             store.close()
         log.info(
@@ -425,7 +426,8 @@ def _check_source(store: ObjectStore, location: StorageLocation, is_file: bool) 
     except ObjectNotFound as exc:
         raise DataError(f"{uri}: not found ({exc})") from None
     except StorageError as exc:
-        raise DataError(f"cannot read {uri}: {exc}", transient=exc.transient) from None
+        again = exc.transient or exc.exhausted
+        raise DataError(f"cannot read {uri}: {exc}", transient=again) from None
 
 
 def make_reader(

@@ -85,6 +85,9 @@ class StorageError(OSError):
 
     `transient` tells the retry policy the request may succeed if repeated;
     `retry_after` is the server's hint in seconds (Retry-After), if any.
+    `exhausted` marks the final error of a transient failure whose retries
+    were all spent: not transient any more for the request, but a whole
+    operation (a job's input) may still be tried again later.
     """
 
     default_errno = errno.EIO
@@ -97,9 +100,11 @@ class StorageError(OSError):
         retry_after: float | None = None,
         status: int | None = None,
         err: int | None = None,
+        exhausted: bool = False,
     ) -> None:
         super().__init__(err if err is not None else self.default_errno, message)
         self.transient = transient
+        self.exhausted = exhausted
         self.retry_after = retry_after
         self.status = status
 

@@ -164,7 +164,7 @@ def _final(exc: Exception, retries: int, description: str) -> StorageError:
     message = f"{base} (gave up after {retries} retries)"
     status = _status(exc)
     if isinstance(exc, Throttled) or status in THROTTLE_STATUSES:
-        return Throttled(message, status=status)
+        return Throttled(message, status=status, exhausted=True)
     if isinstance(exc, StorageError):
-        return type(exc)(message, status=status, err=exc.errno)
-    return StorageError(message)
+        return type(exc)(message, status=status, err=exc.errno, exhausted=True)
+    return StorageError(message, exhausted=True)
