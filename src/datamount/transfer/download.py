@@ -26,6 +26,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,14 +120,24 @@ class Downloader:
 
     def download(self, key: str, dest: Path, *, is_file: bool, source_id: str) -> DownloadResult:
         """Copy object `key` (is_file) or the folder `key` into `dest`."""
+        the_file = single_file(self.store, key) if is_file else None
+        pages = iter([[the_file]]) if the_file else folder_pages(self.store, key)
+        result = self.copy(pages, dest, source_id=source_id)
+        if the_file is not None:
+            result.path = dest / the_file.rel
+        return result
+
+    def copy(
+        self, pages: Iterable[list[SourceFile]], dest: Path, *, source_id: str
+    ) -> DownloadResult:
+        """Copy every file of `pages` (pages of a listing, or any list the
+        caller made: e.g. an evaluated MLTable) to `dest / file.rel`."""
         started = time.monotonic()
         manifest = Manifest(dest, source_id)
         if not self.options.overwrite:
             manifest.load()
         self._manifest = manifest
         budget = disk_free(_existing(dest)) - self.options.reserved_free_disk_space
-        the_file = single_file(self.store, key) if is_file else None
-        pages = iter([[the_file]]) if the_file else folder_pages(self.store, key)
         log.info(
             "download %s -> %s: %d threads, %s ranges, %s free beyond the reserve",
             source_id,
@@ -168,7 +179,7 @@ class Downloader:
         if self._error is not None:
             raise self._error
         return DownloadResult(
-            path=dest / the_file.rel if the_file else dest,
+            path=dest,
             files=self.progress.files,
             bytes=self.progress.bytes,
             skipped_files=self.progress.skipped_files,
