@@ -8,6 +8,7 @@ anything unexpected becomes one line plus a traceback in the runtime log.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -15,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from datamount import __version__, app, jobrun
+from datamount import __version__, app, jobrun, status
 from datamount.errors import EXIT_FAILURE, EXIT_OK, DatamountError
 from datamount.log import setup_logging, shutdown_logging
 from datamount.settings import Settings
@@ -138,6 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser(
+        "status",
+        parents=[common],
+        help="list the mounts and upload outputs datamount serves on this node",
+        description=(
+            "One line per mount point recorded in the cache folder: FUSE mounts (state, "
+            "daemon pid, source URI, bytes fetched, cache hits) and upload outputs waiting "
+            "for their unmount. Read-only."
+        ),
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    p = sub.add_parser(
         "run",
         parents=[common],
         help="run an Azure ML command job on this node (inputs, command, outputs)",
@@ -206,6 +219,7 @@ def _run(ctx: app.Context, args: argparse.Namespace) -> int:
         "upload": _upload,
         "mount": _mount,
         "unmount": _unmount,
+        "status": _status,
     }
     commands[args.command](ctx, args)
     return EXIT_OK
@@ -333,6 +347,14 @@ def _run_job(args: argparse.Namespace) -> int:
     if args.keep or keep_logs:
         say(f"logs in {settings.log_dir}")
     return code
+
+
+def _status(ctx: app.Context, args: argparse.Namespace) -> None:
+    entries = status.collect(ctx.settings.cache_dir)
+    for entry in entries:
+        print(json.dumps(entry.as_dict(), sort_keys=True) if args.json else status.describe(entry))
+    if not entries and not args.json:
+        print(f"{PROG}: nothing mounted (cache {ctx.settings.cache_dir})", file=sys.stderr)
 
 
 def _unmount(ctx: app.Context, args: argparse.Namespace) -> None:

@@ -1,0 +1,109 @@
+"""`datamount status`: what datamount is serving on this node.
+
+Reads what the other commands record under the cache folder — the state file
+of every mount daemon (`<cache>/mounts/*.json`), its stats file, and the
+record of every upload output waiting for its `unmount`
+(`<cache>/outputs/*.json`) — and checks each against the kernel's mount table
+and the process table. Read-only: it never repairs anything (`mount` clears a
+stale mount point, `unmount` ends a daemon). Imports `mountd`, `outputs`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from datamount import mountd, outputs
+
+
+@dataclass(frozen=True)
+class Entry:
+    mountpoint: str
+    kind: str  # "mount" (a FUSE daemon) or "upload" (an upload output's folder)
+    entry: str  # the spec entry (input or output name)
+    state: str  # serving / stale / daemon gone / waiting for unmount
+    pid: int | None = None
+    uri: str = ""
+    started: float | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mount_state(state: mountd.MountState) -> str:
+    point = Path(state.mountpoint)
+    alive = mountd.alive(state.pid)
+    if mountd.is_stale(point):
+        return "stale (daemon gone; the next mount clears it)"
+    if mountd.find_mount(point) is None:
+        return "not mounted" + ("" if alive else " (daemon gone)")
+    return "serving" if alive else "mounted, daemon gone"
+
+
+def _stats(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    cache = data.get("cache", {}) if isinstance(data, dict) else {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def collect(cache_dir: Path) -> list[Entry]:
+    """Every mount and upload output recorded under `cache_dir`, by mount point."""
+    found: list[Entry] = []
+    for path in sorted((cache_dir / "mounts").glob("*.json")):
+        try:
+            state = mountd.MountState(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        found.append(
+            Entry(
+                mountpoint=state.mountpoint,
+                kind="mount",
+                entry=state.input,
+                state=_mount_state(state),
+                pid=state.pid,
+                uri=state.uri,
+                started=state.started,
+                stats=_stats(state.stats_file),
+            )  # fmt: skip
+        )
+    for path in sorted((cache_dir / "outputs").glob("*.json")):
+        try:
+            record = outputs.UploadOutput(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        found.append(
+            Entry(
+                mountpoint=record.mountpoint,
+                kind="upload",
+                entry=record.output,
+                state="waiting for unmount (uploads then)",
+                started=path.stat().st_mtime,
+            )  # fmt: skip
+        )
+    return sorted(found, key=lambda e: e.mountpoint)
+
+
+def describe(entry: Entry, now: float | None = None) -> str:
+    """One line for people."""
+    now = time.time() if now is None else now
+    parts = [f"{entry.mountpoint}: {entry.kind} {entry.entry}, {entry.state}"]
+    if entry.pid is not None:
+        parts.append(f"pid {entry.pid}")
+    if entry.started is not None:
+        parts.append(f"up {max(0.0, now - entry.started):.0f} s")
+    if entry.uri:
+        parts.append(entry.uri)
+    stats = entry.stats
+    if stats:
+        parts.append(
+            f"{stats.get('bytes_fetched', 0)} bytes fetched, "
+            f"{stats.get('ram_hits', 0)} RAM / {stats.get('disk_hits', 0)} disk hits"
+        )
+    return "; ".join(parts)

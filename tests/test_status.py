@@ -1,0 +1,63 @@
+"""`datamount status`: mounts and upload outputs recorded on this node, checked
+against the kernel's mount table and the process table (real FUSE, Azurite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from datamount.mountd import alive
+from fuse_helpers import Mounts, datamount, mount_env, spec_file, tracked_mounts, wait_for
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[Mounts]:
+    yield from tracked_mounts(tmp_path)
+
+
+def status(env: dict[str, str]) -> list[dict]:
+    out = datamount("status", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_status_lists_mounts_and_upload_outputs(
+    azurite, container, tmp_path: Path, mounts: Mounts
+) -> None:
+    container.upload_blob("ds/a.txt", b"alpha")
+    env = mount_env(azurite, tmp_path, container.container_name)
+    empty = datamount("status", env=env)
+    assert empty.returncode == 0 and empty.stdout == "" and "nothing mounted" in empty.stderr
+
+    mp = mounts.point(tmp_path / "mnt")
+    spec = spec_file(tmp_path, "in", "uri_folder", "azureml://datastores/store/paths/ds/")
+    assert datamount("mount", str(spec), str(mp), env=env).returncode == 0
+    assert (mp / "a.txt").read_bytes() == b"alpha"
+    out_spec = tmp_path / "out.yaml"
+    out_spec.write_text(
+        "outputs:\n  res: {mode: upload, path: azureml://datastores/store/paths/r/}\n"
+    )
+    assert datamount("mount", str(out_spec), str(tmp_path / "res"), env=env).returncode == 0
+
+    pid = mounts.daemon(mp)
+    entries = {e["mountpoint"]: e for e in status(env)}
+    assert entries[str(mp)]["kind"] == "mount" and entries[str(mp)]["state"] == "serving"
+    assert entries[str(mp)]["pid"] == pid
+    assert entries[str(mp)]["uri"] == f"{azurite.endpoint}/{container.container_name}/ds/"
+    upload = entries[str(tmp_path / "res")]
+    assert (upload["kind"], upload["entry"]) == ("upload", "res")
+    assert upload["state"].startswith("waiting for unmount")
+    human = datamount("status", env=env).stdout
+    assert f"{mp}: mount input, serving; pid {pid}" in human
+
+    os.kill(pid, signal.SIGKILL)  # a crashed daemon leaves a stale mount behind
+    assert wait_for(lambda: not alive(pid))
+    assert status(env)[0]["state"].startswith("stale")
+    assert datamount("unmount", str(mp), env=env).returncode == 0
+    assert datamount("unmount", str(tmp_path / "res"), env=env).returncode == 0
+    assert status(env) == []
