@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import random
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +19,7 @@ import pytest
 import yaml
 
 from faultproxy import FaultProxy
-from fuse_helpers import Mounts, datamount, mount_env, mounted, tracked_mounts
+from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, tracked_mounts, wait_for
 
 rng = random.Random(11)
 SOURCE = {
@@ -342,3 +344,62 @@ def test_permanent_failure_preparing_an_input_is_not_tried_again(
     assert "data could not be prepared" in out.stderr and "Traceback" not in out.stderr
     assert cfg_requests(proxy) == ["deny"]  # a 403 is final: one request, no second attempt
     assert out.stdout == ""
+
+
+def test_sigterm_reaches_the_command_then_outputs_are_written_and_mounts_undone(
+    azurite, container, seeded, tmp_path: Path, mounts: Mounts
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    started = tmp_path / "started"
+    command = (
+        "trap 'echo stopped > ${{outputs.model}}/why.txt; echo 1 > ${{outputs.metrics}}; "
+        f"exit 143' TERM; touch {started}; sleep 60 & wait"
+    )
+    workdir = tmp_path / "work"
+    mounts.point(workdir / "inputs" / "train")
+    proc = subprocess.Popen(
+        [EXE, "run", str(job_file(tmp_path, command)), "--workdir", str(workdir)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wait_for(started.exists, 30), "the command never started"
+        assert mounted(workdir / "inputs" / "train")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert blob(container, "out/model/why.txt") == b"stopped\n"
+    assert not mounted(workdir / "inputs" / "train")
+    assert not (tmp_path / "ws.assets.yaml").exists()
+
+
+def test_sigterm_while_preparing_undoes_what_was_prepared(
+    azurite, container, seeded, tmp_path: Path, proxy: FaultProxy, mounts: Mounts
+) -> None:
+    via = SimpleNamespace(account=azurite.account, key=azurite.key, endpoint=proxy.endpoint)
+    env = mount_env(via, tmp_path, seeded, AZUREML_DATASET_HTTP_RETRY_COUNT="0")
+    marker = tmp_path / "ran"
+    job = job_file(tmp_path, f"touch {marker}")
+    workdir = tmp_path / "work"
+    train = mounts.point(workdir / "inputs" / "train")
+    runtime = workdir / "system_logs" / "data_capability" / "datamount-runtime.log"
+    proxy.fail_ranged(1, status=503)  # cfg's first GET: the runner waits before its 2nd attempt
+    proc = subprocess.Popen(
+        [EXE, "run", str(job), "--workdir", str(workdir)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert wait_for(lambda: runtime.exists() and "transient failure" in runtime.read_text(), 30)
+        assert wait_for(lambda: mounted(train), 30)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not marker.exists()
+    assert not mounted(train)
+    assert not list(container.list_blobs(name_starts_with="out/"))

@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -147,24 +148,31 @@ class JobRun:
         self.daemon_argv = daemon_argv
         self.say = say
         self.prepared: list[Prepared] = []
+        self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
 
     # -- the whole run -----------------------------------------------------------
 
     def run(self) -> Outcome:
-        with activity("run", job=self.spec.name, workdir=self.workdir):
+        with activity("run", job=self.spec.name, workdir=self.workdir), self._signals():
             try:
                 self._prepare_all()
             except DatamountError as exc:
                 self._undo()
                 self.say(f"data could not be prepared: {exc}")
                 return Outcome(EXIT_DATA, None, [str(exc)])
+            except BaseException:  # interrupted: nothing prepared may outlive the run
+                self._undo()
+                raise
             values = self._values()
             command = substitute(self.spec.command or "", values)
             try:
                 code = self._execute(command)
             finally:
-                problems = self._finish(command_ok=self._child_ok())
+                try:
+                    problems = self._finish(command_ok=self._child_ok())
+                finally:
+                    self._undo(inputs_only=True)
             if problems:
                 for line in problems:
                     self.say(f"outputs could not be written: {line}")
@@ -180,12 +188,14 @@ class JobRun:
         entries = list(self.spec.data_inputs.values()) + list(self.spec.outputs.values())
         if not entries:
             return
+        # Each entry records itself once ready, so an interrupt (which still
+        # waits for the entries in progress) leaves nothing unrecorded to undo.
         with ThreadPoolExecutor(len(entries), thread_name_prefix="prepare") as pool:
             futures = [pool.submit(self._prepare_retrying, entry) for entry in entries]
             errors: list[str] = []
             for future in futures:
                 try:
-                    self.prepared.append(future.result())
+                    future.result()
                 except DatamountError as exc:
                     errors.append(str(exc))
         if errors:
@@ -218,8 +228,11 @@ class JobRun:
             daemon_argv=self.daemon_argv(entry, folder),
         )  # fmt: skip
         keep = folder if entry.mode in (Mode.RO_MOUNT, Mode.RW_MOUNT, Mode.UPLOAD) else None
+        prepared = Prepared(entry, str(path), keep)
+        with self._lock:
+            self.prepared.append(prepared)
         self.say(f"{where} ({entry.mode.value}): {path} [{time.monotonic() - started:.1f} s]")
-        return Prepared(entry, str(path), keep)
+        return prepared
 
     def _spec_path(self) -> Path:
         assert self.spec.source is not None
@@ -238,28 +251,47 @@ class JobRun:
         cwd = code_dir(self.spec) or self.workdir
         log.info("running the command in %s", cwd)
         self.say(f"running the command in {cwd}")
-        with activity("command", job=self.spec.name), self._forwarding_signals():
+        with activity("command", job=self.spec.name):
+            # Its own process group: signals reach the whole command, and what it
+            # leaves running in the background ends with it (as when Azure ML
+            # tears a job's container down), not holding the mounts busy.
             self._child = subprocess.Popen(
-                ["bash", "-c", command], cwd=cwd, env=dict(self.ctx.environ)
-            )
+                ["bash", "-c", command], cwd=cwd, env=dict(self.ctx.environ),
+                start_new_session=True,
+            )  # fmt: skip
             code = self._child.wait()
+            self._end_group(self._child.pid)
         if code < 0:
             code = 128 - code  # killed by a signal: the shell's convention
         log.info("the command exited with %d", code)
         self.say(f"the command exited with {code}")
         return code
 
-    @contextlib.contextmanager
-    def _forwarding_signals(self) -> Iterator[None]:
-        """SIGTERM/SIGINT/SIGHUP go to the command (which decides), not to us."""
+    @staticmethod
+    def _end_group(pgid: int) -> None:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            return  # nothing left
+        log.info("the command left processes running; sent them SIGTERM")
 
-        def forward(signum: int, frame: FrameType | None) -> None:
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """For the whole run: SIGTERM/SIGINT/SIGHUP go to the command's process
+        group while it runs (it decides what to do; outputs are written after
+        it exits); at any other time they interrupt the run, which undoes what
+        it prepared."""
+
+        def handle(signum: int, frame: FrameType | None) -> None:
             if self._child is not None and self._child.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self._child.send_signal(signum)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._child.pid, signum)
+                return
+            log.warning("run interrupted by signal %d", signum)
+            raise KeyboardInterrupt
 
         signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        previous = {s: signal.signal(s, forward) for s in signals}
+        previous = {s: signal.signal(s, handle) for s in signals}
         try:
             yield
         finally:
@@ -290,7 +322,6 @@ class JobRun:
                 problems.append(str(exc))
             if entry.asset_name and not command_ok:
                 log.info("%s: not registered as %s (the command failed)", where, entry.asset_name)
-        self._undo(inputs_only=True)
         return problems
 
     def _undo(self, *, inputs_only: bool = False) -> None:
