@@ -97,7 +97,8 @@ def _tokens(text: str) -> list[tuple[str, str, int]]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None or m.end() == pos:
-            raise ExprError(f"unexpected {text[pos:].lstrip()[:10]!r} at position {pos}")
+            at = len(text) - len(text[pos:].lstrip())
+            raise ExprError(f"unexpected {text[at : at + 10]!r} at position {at}")
         kind = m.lastgroup or ""
         out.append((kind, m.group(kind), m.start(kind)))
         pos = m.end()
