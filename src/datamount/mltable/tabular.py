@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from datamount.errors import DataError
 from datamount.location import StorageLocation
@@ -90,7 +91,11 @@ class TabularMLTable:
             return pa.table({})
         try:
             return pa.concat_tables(tables, promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+        try:  # files (or blocks) inferred different types for a column: keep its text
+            return pa.concat_tables(_as_text_where_mixed(tables), promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise DataError(
                 f"MLTable {self.mltable.source}: files disagree on column types: {exc}"
             ) from None
@@ -122,6 +127,29 @@ _READERS: dict[str, Callable[..., Iterator[Chunk]]] = {
     "read_parquet": readers.read_parquet,
     "read_json_lines": readers.read_json_lines,
 }
+
+
+def _as_text_where_mixed(tables: list[pa.Table]) -> list[pa.Table]:
+    """Cast to string every column whose non-null types differ between tables
+    and are not all numeric (int64 and double still merge as double)."""
+    kinds: dict[str, set[pa.DataType]] = {}
+    for t in tables:
+        for f in t.schema:
+            if not pa.types.is_null(f.type):
+                kinds.setdefault(f.name, set()).add(f.type)
+    numeric = (pa.types.is_integer, pa.types.is_floating)
+    mixed = {
+        name
+        for name, types in kinds.items()
+        if len(types) > 1 and not all(any(f(t) for f in numeric) for t in types)
+    }
+    out = []
+    for t in tables:
+        for name in mixed & set(t.schema.names):
+            i = t.schema.get_field_index(name)
+            t = t.set_column(i, name, pc.cast(t.column(i), pa.string()))
+        out.append(t)
+    return out
 
 
 def _stream(chunks: Iterator[Chunk]) -> Generator[Chunk, None, None]:
