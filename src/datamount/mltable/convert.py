@@ -45,6 +45,8 @@ def convert(array: pa.Array, conv: Conversion, column: str) -> pa.Array:
             return pc.cast(cleaned, target)
         if pa.types.is_null(t):
             return pa.nulls(len(array), target)
+        if pa.types.is_floating(t) and kind == "int":  # NaN and inf have no integer: null
+            array = pc.if_else(pc.is_finite(array), array, pa.scalar(None, t))
         return pc.cast(array, target, safe=False)
     if kind == "boolean":
         assert conv.boolean is not None

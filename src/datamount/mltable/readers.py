@@ -91,8 +91,13 @@ def _with_path(batch: pa.RecordBatch, name: str | None, file: EvalFile) -> pa.Re
     return pa.RecordBatch.from_arrays([*arrays, value], names=[*names, name])
 
 
-def _fail(file: EvalFile, exc: Exception) -> DataError:
-    return DataError(f"{file.uri}: {exc}")
+class ReadError(DataError):
+    """A file could not be read or parsed; tabular.py adds the MLTable and step."""
+
+
+def _fail(file: EvalFile, exc: Exception | str) -> ReadError:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ReadError(f"{file.uri} ({file.entry}): {first_line}")
 
 
 # -- delimited text -----------------------------------------------------------
@@ -212,7 +217,7 @@ def _json_batches(
                     if opts.invalid_lines == "drop":
                         continue
                     msg = f"line {number}: invalid JSON ({exc}); set invalid_lines: drop to skip"
-                    raise DataError(f"{file.uri}: {msg}") from None
+                    raise _fail(file, msg) from None
                 rows.append(row)
                 if len(rows) >= JSON_BATCH_ROWS:
                     yield pa.RecordBatch.from_pylist(rows)

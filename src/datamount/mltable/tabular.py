@@ -116,7 +116,10 @@ class TabularMLTable:
             )
             return _stream(chunks)
         reader = _READERS[read.name]
-        chunks = reader(read.args, files, lambda f: stores.get(f.location), self.block_size)
+        chunks = _located(
+            reader(read.args, files, lambda f: stores.get(f.location), self.block_size),
+            f"MLTable {table.source}: {read.where}.{read.name}",
+        )
         for step in table.row_steps():
             chunks = _apply(step, chunks, table.source)
         return _stream(chunks)
@@ -150,6 +153,14 @@ def _as_text_where_mixed(tables: list[pa.Table]) -> list[pa.Table]:
             t = t.set_column(i, name, pc.cast(t.column(i), pa.string()))
         out.append(t)
     return out
+
+
+def _located(chunks: Iterator[Chunk], where: str) -> Iterator[Chunk]:
+    """Name the MLTable file and the read step in a reader's error."""
+    try:
+        yield from chunks
+    except readers.ReadError as exc:
+        raise DataError(f"{where}: {exc}") from None
 
 
 def _stream(chunks: Iterator[Chunk]) -> Generator[Chunk, None, None]:
