@@ -157,8 +157,8 @@ def test_partition_format_spellings() -> None:
         "extract_columns_from_partition_format: '{year}/{month}/'",
         "extract_columns_from_partition_format: {partition_format: '{year}/{month}/'}",
     ):
-        t = parse(f"paths: [{{folder: ./}}]\ntransformations:\n  - {text}\n")
-        assert t.steps[0].args.columns == (("year", None), ("month", None))
+        t = parse(f"paths: [{{folder: ./}}]\ntransformations:\n  - read_parquet\n  - {text}\n")
+        assert t.steps[1].args.columns == (("year", None), ("month", None))
 
 
 @pytest.mark.parametrize(
@@ -243,6 +243,14 @@ def test_partition_format_spellings() -> None:
         (
             "paths: [{file: a.csv}]\ntransformations: [{extract_columns_from_partition_format: '{a}/{a}'}]",
             "MLTable /data/t/MLTable: transformations[0].extract_columns_from_partition_format: '{a}/{a}': column 'a' is empty or repeated",
+        ),
+        (
+            "paths: [{file: a.csv}]\ntransformations: [{keep_columns: [a]}, read_parquet]",
+            "MLTable /data/t/MLTable: transformations[0]: keep_columns works on columns: it must come after the read_* transformation",
+        ),
+        (
+            "paths: [{file: a.csv}]\ntransformations: [{filter: 'a > 1'}]",
+            "MLTable /data/t/MLTable: transformations[0]: filter works on columns: it must come after a read_* transformation",
         ),
         (
             "- just\n- a list",

@@ -322,3 +322,39 @@ def test_small_blocks_quoted_newlines_and_utf16(tmp_path: Path) -> None:
         "paths: [{file: u.csv}]\ntransformations: [{read_delimited: {encoding: utf16}}]\n"
     )
     same(load(str(tmp_path)).to_pandas_dataframe(), pd.DataFrame({"a": [1, 2], "b": ["é", "ü"]}))
+
+
+def test_eval_layout_round_trip(remote, tmp_path: Path) -> None:
+    """What eval_download will do: copy every evaluated file to its eval path,
+    write the eval MLTable at the root, load it locally: same table."""
+    from datamount.mltable import evaluate_table
+    from datamount.storage import open_store
+
+    container, ws = remote
+    steps = [
+        "take: 2",  # file level: the first two files
+        "read_delimited: {include_path_column: false}",
+        "extract_columns_from_partition_format: {when:yyyy/MM}",
+        "filter: 'score > 1'",
+        "keep_columns: [id, when]",
+    ]
+    remote_table = load_remote(remote, steps)
+    expected = remote_table.to_pandas_dataframe()
+    _, files, text = evaluate_table(
+        "azureml://datastores/main/paths/t/", ws, counting_factory(Counts())
+    )
+    assert [f.eval_path for f in files] == [
+        f"devstoreaccount1/{container.container_name}/t/data/2023/01/part.csv",
+        f"devstoreaccount1/{container.container_name}/t/data/2023/02/part.csv",
+    ]
+    for f in files:
+        dest = tmp_path / f.eval_path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        store = open_store(f.location)
+        dest.write_bytes(store.read(f.key, 0, f.size, etag=f.etag))
+        store.close()
+    (tmp_path / "MLTable").write_text(text)
+    assert "take" not in text and "read_delimited" in text
+    local = load(str(tmp_path)).to_pandas_dataframe()
+    same(local, expected)
+    assert list(local["id"]) == [1, 2, 4]

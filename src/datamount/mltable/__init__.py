@@ -4,6 +4,8 @@ Public API (the rest of the package is internal):
 
 - `evaluate(mltable_location, workspace, store_factory) -> list[EvalFile]`
 - `EvalFile` (location, size, etag, entry, eval_path, account, container, path, uri)
+- `evaluate_table(...) -> (MLTable, list[EvalFile], eval MLTable text)`
+- `eval_mltable_text(mltable, files) -> str`: the MLTable for the eval layout root
 - `eval_relative_path(location, mltable_folder) -> str`
 - `load(path_or_uri, workspace=None, store_factory=None) -> TabularMLTable`
   (`to_arrow_table()`, `to_pandas_dataframe()`)
@@ -18,8 +20,10 @@ from __future__ import annotations
 from datamount.mltable.evaluate import (
     EvalFile,
     StoreFactory,
+    eval_mltable_text,
     eval_relative_path,
     evaluate,
+    evaluate_table,
     read_mltable,
 )
 from datamount.mltable.model import MLTable, MLTableError, parse_mltable
@@ -29,8 +33,10 @@ __all__ = [
     "MLTable",
     "MLTableError",
     "StoreFactory",
+    "eval_mltable_text",
     "eval_relative_path",
     "evaluate",
+    "evaluate_table",
     "load",
     "parse_mltable",
     "read_mltable",

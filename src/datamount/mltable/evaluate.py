@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
+import yaml
 
 from datamount.errors import DataError, ObjectNotFound, StorageError, UriError, WorkspaceError
 from datamount.location import StorageKind, StorageLocation
@@ -336,9 +337,35 @@ def evaluate(
     MLTable file; a path/URI or an already resolved StorageLocation), after
     file-level subsetting. Raises MLTableError (malformed, exit 2) or
     DataError (missing or unreadable data, exit 3)."""
+    return evaluate_table(mltable_location, workspace, store_factory, base_dir=base_dir)[1]
+
+
+def eval_mltable_text(table: MLTable, files: list[EvalFile]) -> str:
+    """The MLTable file to write at the root of an eval_download / eval_mount
+    layout: one `file: ./<eval_path>` entry per evaluated file, and the
+    transformations from the read step on (file-level ones are already applied)."""
+    first = next((i for i, s in enumerate(table.steps) if s.is_read), len(table.steps))
+    doc: dict[str, object] = {
+        "type": "mltable",
+        "paths": [{"file": f"./{f.eval_path}"} for f in files],
+    }
+    rest = [s.raw for s in table.steps[first:]]
+    if rest:
+        doc["transformations"] = rest
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+
+
+def evaluate_table(
+    mltable_location: str | StorageLocation,
+    workspace: Workspace | None,
+    store_factory: StoreFactory,
+    *,
+    base_dir: Path | None = None,
+) -> tuple[MLTable, list[EvalFile], str]:
+    """`evaluate`, plus the parsed MLTable and the MLTable text for the eval layout."""
     ws = workspace or Workspace.empty()
     location = locate(mltable_location, ws, base_dir)
     with Stores(store_factory) as stores:
         table, folder = read_mltable(location, stores)
-        files = list_files(table, folder, ws, stores)
-    return subset(files, table.file_steps())
+        files = subset(list_files(table, folder, ws, stores), table.file_steps())
+    return table, files, eval_mltable_text(table, files)

@@ -41,6 +41,7 @@ CODECS = {
     "windows1252": "cp1252",
 }
 READS = ("read_delimited", "read_parquet", "read_json_lines")
+FILE_STEPS = ("take", "skip", "take_random_sample")  # before a read step: on the file list
 PATH_KINDS = ("file", "folder", "pattern")
 
 
@@ -136,6 +137,7 @@ class Step:
     name: str
     args: Any
     where: str  # "transformations[2]"
+    raw: Any = None  # the item as written (to write the MLTable back out)
 
     @property
     def is_read(self) -> bool:
@@ -159,7 +161,7 @@ class MLTable:
         for step in self.steps:
             if step.is_read:
                 break
-            if step.name in ("take", "skip", "take_random_sample"):
+            if step.name in FILE_STEPS:
                 out.append(step)
         return out
 
@@ -201,6 +203,12 @@ def parse_mltable(text: str, source: str) -> MLTable:
     reads = [s for s in steps if s.is_read]
     if len(reads) > 1:
         raise fail(f"{reads[1].where}: only one read_* transformation is allowed")
+    for step in steps:
+        if step.is_read:
+            break
+        if step.name not in FILE_STEPS:
+            place = "after the read_* transformation" if reads else "after a read_* transformation"
+            raise fail(f"{step.where}: {step.name} works on columns: it must come {place}")
     return MLTable(source, paths, steps)
 
 
@@ -240,7 +248,7 @@ def _step(item: Any, where: str, fail: _Failer) -> Step:
         known = ", ".join(sorted(_PARSERS))
         raise fail(f"{where}: unknown transformation {name!r} (known: {known})")
     try:
-        return Step(str(name), parser(value), where)
+        return Step(str(name), parser(value), where, {name: value})
     except ValidationError as exc:
         raise fail(f"{at}: {_pydantic_message(exc)}") from None
     except ValueError as exc:
