@@ -1,0 +1,371 @@
+"""Evaluate an MLTable's `paths` to a concrete, ordered list of files.
+
+`evaluate(mltable_location, workspace, store_factory)` reads the MLTable file
+(local or remote), resolves every path entry (relative paths against the
+MLTable file's own folder, URIs through the workspace), lists folders and
+patterns (a pattern lists only its longest fixed prefix), applies the
+file-level `take` / `skip` / `take_random_sample` steps, drops duplicates and
+keeps the order: entries in file order, files of one entry in key order.
+
+`EvalFile.eval_path` is where a file lands in the eval_download / eval_mount
+layout. Stores come from the caller's factory (the app's `make_store`) and
+are closed when evaluation ends. Single-threaded.
+
+Imports `errors`, `location`, `uris`, `workspace`, `storage`, `mltable.model`,
+`mltable.patterns`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import numpy as np
+import yaml
+
+from datamount.errors import DataError, ObjectNotFound, StorageError, UriError, WorkspaceError
+from datamount.location import StorageKind, StorageLocation
+from datamount.mltable import patterns
+from datamount.mltable.model import MLTable, MLTableError, PathEntry, Step, parse_mltable
+from datamount.storage import ObjectStore
+from datamount.uris import LocationKind, parse
+from datamount.workspace import Workspace
+
+StoreFactory = Callable[[StorageLocation], ObjectStore]
+MLTABLE_FILE = "MLTable"
+MAX_MLTABLE_BYTES = 1 << 20  # an MLTable file is a few hundred bytes; refuse anything silly
+
+
+@dataclass(frozen=True)
+class EvalFile:
+    """One file of an evaluated MLTable.
+
+    `location` reads it (kind, account, container, endpoint, credential;
+    `location.key` is its key in the store `store_factory(location)` opens);
+    `etag` pins the version seen when listing. `account`/`container` are
+    empty for local and http files; `path` is the blob name, the absolute
+    local path, or the URL.
+    """
+
+    location: StorageLocation
+    size: int
+    etag: str
+    entry: str  # the paths[i] entry that produced it
+    eval_path: str  # relative path in the eval_download / eval_mount layout
+
+    @property
+    def account(self) -> str:
+        return self.location.account
+
+    @property
+    def container(self) -> str:
+        return self.location.container
+
+    @property
+    def path(self) -> str:
+        return self.location.path
+
+    @property
+    def key(self) -> str:
+        return self.location.key
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri()
+
+
+def eval_relative_path(location: StorageLocation, mltable_dir: StorageLocation) -> str:
+    """The file's path in the eval layout:
+
+    - blob / ADLS: `<account>/<container>/<path>`
+    - local: `local/<path relative to the MLTable folder>`; a local file
+      outside that folder: `local/_abs/<absolute path without its leading '/'>`
+      (a separate subtree, so it never collides with a relative one)
+    - http(s): `http/<host>/<url path>`
+    """
+    if location.is_azure:
+        return f"{location.account}/{location.container}/{location.path}"
+    if location.kind is StorageKind.LOCAL:
+        base = mltable_dir.path.rstrip("/") if mltable_dir.kind is StorageKind.LOCAL else None
+        if base is not None:
+            rel = os.path.relpath(location.path, base)
+            if not rel.startswith(".." + os.sep) and rel != "..":
+                return f"local/{Path(rel).as_posix()}"
+        return f"local/_abs/{location.path.lstrip('/')}"
+    parts = urlsplit(location.path)
+    return f"http/{parts.netloc}/{parts.path.lstrip('/')}"
+
+
+class Stores:
+    """One store per (store root, credential), opened on demand, closed together."""
+
+    def __init__(self, factory: StoreFactory) -> None:
+        self.factory = factory
+        self._open: dict[tuple[str, object], ObjectStore] = {}
+
+    def get(self, location: StorageLocation) -> ObjectStore:
+        ident = (location.store_root, location.credential)
+        store = self._open.get(ident)
+        if store is None:
+            store = self._open[ident] = self.factory(location)
+        return store
+
+    def close(self) -> None:
+        for store in self._open.values():
+            with contextlib.suppress(Exception):
+                store.close()
+        self._open.clear()
+
+    def __enter__(self) -> Stores:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- the MLTable file --------------------------------------------------------
+
+
+def locate(
+    path_or_uri: str | StorageLocation, workspace: Workspace | None, base_dir: Path | None = None
+) -> StorageLocation:
+    """The location of a path or URI naming an MLTable folder or file."""
+    if isinstance(path_or_uri, StorageLocation):
+        return path_or_uri
+    ws = workspace or Workspace.empty()
+    return ws.resolve(
+        parse(path_or_uri, "mltable"), where="mltable", base_dir=base_dir, expected_type="mltable"
+    )
+
+
+def read_mltable(location: StorageLocation, stores: Stores) -> tuple[MLTable, StorageLocation]:
+    """Find and parse the MLTable file at `location` (its folder or the file
+    itself). Returns the table and the location of its folder (ends in '/')."""
+    file_loc = _mltable_file(location, stores)
+    shown = file_loc.uri()
+    store = stores.get(file_loc)
+    try:
+        info = store.stat(file_loc.key)
+        if info.size > MAX_MLTABLE_BYTES:
+            raise MLTableError(f"MLTable {shown}: {info.size} bytes is too large for an MLTable")
+        data = store.read(file_loc.key, 0, info.size, etag=info.etag)
+        text = data.decode("utf-8-sig")
+    except ObjectNotFound:
+        raise DataError(f"MLTable {shown}: no MLTable file there") from None
+    except UnicodeDecodeError:
+        raise MLTableError(f"MLTable {shown}: not a UTF-8 text file") from None
+    except StorageError as exc:
+        raise DataError(f"MLTable {shown}: cannot read it: {exc}") from None
+    table = parse_mltable(text, shown)
+    parent = posixpath.dirname(file_loc.path.rstrip("/"))
+    folder = replace(file_loc, path=parent + "/" if parent else "")
+    return table, folder
+
+
+def _mltable_file(location: StorageLocation, stores: Stores) -> StorageLocation:
+    if location.kind is StorageKind.HTTP:
+        return location
+    if location.kind is StorageKind.LOCAL:
+        path = location.path.rstrip("/") or "/"
+        if os.path.isdir(path):
+            return replace(location, path=os.path.join(path, MLTABLE_FILE))
+        return replace(location, path=path)
+    if location.is_folder:
+        return location.child(MLTABLE_FILE)
+    if posixpath.basename(location.path) == MLTABLE_FILE:
+        return location
+    try:  # a blob URI without a trailing '/': a file if one is there, else a folder
+        info = stores.get(location).stat(location.key)
+        if not info.is_dir:
+            return location
+    except ObjectNotFound:
+        pass
+    except StorageError as exc:
+        raise DataError(f"MLTable {location.uri()}: cannot read it: {exc}") from None
+    return location.child(MLTABLE_FILE)
+
+
+# -- path entries ------------------------------------------------------------
+
+
+def resolve_entry(
+    entry: PathEntry, table: MLTable, folder: StorageLocation, workspace: Workspace
+) -> StorageLocation:
+    """Where a `paths` entry points: a relative path is resolved against the
+    MLTable file's folder (local or remote), anything else through the workspace."""
+    where = f"MLTable {table.source}: {entry.where}.{entry.kind}"
+    value = entry.value
+    if entry.kind == "pattern" and "://" in value:
+        # '?' is a wildcard here, not a query: escape it through the URI parser
+        # (which percent-decodes storage paths back to '?').
+        value = value.replace("?", "%3F")
+    try:
+        loc = parse(value, where)
+    except UriError as exc:
+        raise MLTableError(exc.problems) from None
+    if loc.kind is LocationKind.LOCAL and not os.path.isabs(loc.path):
+        return _relative(entry, loc.path, table, folder, where)
+    try:
+        return workspace.resolve(loc, where=where)
+    except WorkspaceError as exc:
+        raise MLTableError(exc.problems) from None
+
+
+def _relative(
+    entry: PathEntry, rel: str, table: MLTable, folder: StorageLocation, where: str
+) -> StorageLocation:
+    trailing = "/" if rel.endswith("/") else ""
+    if folder.kind is StorageKind.LOCAL:
+        path = os.path.normpath(os.path.join(folder.path, rel))
+        return replace(folder, path=path + trailing if path != "/" else "/")
+    if folder.kind is StorageKind.HTTP:
+        raise MLTableError(f"{where}: {rel!r}: relative paths need an MLTable on storage")
+    parts: list[str] = []
+    for part in [*folder.path.split("/"), *rel.split("/")]:
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                raise MLTableError(f"{where}: {rel!r} leads outside the container")
+            parts.pop()
+        else:
+            parts.append(part)
+    joined = "/".join(parts)
+    return replace(folder, path=joined + trailing if joined else "")
+
+
+def _files(
+    entry: PathEntry, loc: StorageLocation, stores: Stores, where: str
+) -> Iterator[tuple[StorageLocation, int, str]]:
+    """(location, size, etag) of every file an entry names, in key order."""
+    store = stores.get(loc)
+    if entry.kind == "file":
+        if loc.kind is StorageKind.LOCAL and os.path.isdir(loc.path):
+            raise DataError(f"{where}: {entry.value!r} is a folder; use folder:")
+        info = store.stat(loc.key)
+        if info.is_dir:
+            raise DataError(f"{where}: {entry.value!r} is a folder; use folder:")
+        yield loc, info.size, info.etag
+        return
+    if loc.kind is StorageKind.HTTP:
+        raise DataError(f"{where}: {entry.value!r}: an http(s) URL can only be a file: entry")
+    key = loc.key
+    if entry.kind == "folder":
+        prefix = key if key.endswith("/") or not key else key + "/"
+        if loc.kind is StorageKind.LOCAL:
+            prefix = prefix if prefix.endswith("/") else prefix + "/"
+        for page in store.list_pages(prefix):
+            for obj in page.objects:
+                if not obj.is_dir and not obj.key.endswith("/"):
+                    yield _at(loc, obj.key), obj.size, obj.etag
+        return
+    regex = patterns.compile_glob(key)
+    prefix = patterns.fixed_prefix(key)
+    delimiter = None if patterns.needs_recursion(key) else "/"
+    for page in store.list_pages(prefix, delimiter=delimiter):
+        for obj in page.objects:
+            if not obj.is_dir and regex.match(obj.key):
+                yield _at(loc, obj.key), obj.size, obj.etag
+
+
+def _at(loc: StorageLocation, key: str) -> StorageLocation:
+    path = "/" + key if loc.kind is StorageKind.LOCAL else key
+    return replace(loc, path=path)
+
+
+def list_files(
+    table: MLTable, folder: StorageLocation, workspace: Workspace, stores: Stores
+) -> list[EvalFile]:
+    """Every file of every entry, duplicates dropped, order kept (no subsetting)."""
+    out: list[EvalFile] = []
+    seen: set[tuple[str, str]] = set()
+    for entry in table.paths:
+        where = f"MLTable {table.source}: {entry.where}"
+        loc = resolve_entry(entry, table, folder, workspace)
+        count = 0
+        try:
+            for file_loc, size, etag in _files(entry, loc, stores, where):
+                count += 1
+                ident = (file_loc.store_root, file_loc.key)
+                if ident in seen:
+                    continue
+                seen.add(ident)
+                rel = eval_relative_path(file_loc, folder)
+                out.append(EvalFile(file_loc, size, etag, entry.where, rel))
+        except ObjectNotFound:
+            raise DataError(f"{where}: {entry.kind} {entry.value!r} not found") from None
+        except StorageError as exc:
+            raise DataError(f"{where}: {entry.kind} {entry.value!r}: {exc}") from None
+        if count == 0:
+            what = "matches no file" if entry.kind == "pattern" else "holds no file"
+            raise DataError(f"{where}: {entry.kind} {entry.value!r} {what}")
+    return out
+
+
+def subset(items: list[EvalFile], steps: list[Step]) -> list[EvalFile]:
+    """Apply file-level take / skip / take_random_sample in order."""
+    for step in steps:
+        if step.name == "take":
+            items = items[: step.args]
+        elif step.name == "skip":
+            items = items[step.args :]
+        elif step.name == "take_random_sample":
+            keep = sample_mask(len(items), step.args.probability, step.args.seed)
+            items = [f for f, k in zip(items, keep, strict=True) if k]
+    return items
+
+
+def sample_mask(n: int, probability: float, seed: int | None) -> np.ndarray:
+    """Item i is kept when the i-th draw of numpy's default_rng(seed) is below
+    `probability`: the same seed always keeps the same items (no seed: random)."""
+    return np.random.default_rng(seed).random(n) < probability
+
+
+def evaluate(
+    mltable_location: str | StorageLocation,
+    workspace: Workspace | None,
+    store_factory: StoreFactory,
+    *,
+    base_dir: Path | None = None,
+) -> list[EvalFile]:
+    """The files of the MLTable at `mltable_location` (its folder or the
+    MLTable file; a path/URI or an already resolved StorageLocation), after
+    file-level subsetting. Raises MLTableError (malformed, exit 2) or
+    DataError (missing or unreadable data, exit 3)."""
+    return evaluate_table(mltable_location, workspace, store_factory, base_dir=base_dir)[1]
+
+
+def eval_mltable_text(table: MLTable, files: list[EvalFile]) -> str:
+    """The MLTable file to write at the root of an eval_download / eval_mount
+    layout: one `file: ./<eval_path>` entry per evaluated file, and the
+    transformations from the read step on (file-level ones are already applied)."""
+    first = next((i for i, s in enumerate(table.steps) if s.is_read), len(table.steps))
+    doc: dict[str, object] = {
+        "type": "mltable",
+        "paths": [{"file": f"./{f.eval_path}"} for f in files],
+    }
+    rest = [s.raw for s in table.steps[first:]]
+    if rest:
+        doc["transformations"] = rest
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+
+
+def evaluate_table(
+    mltable_location: str | StorageLocation,
+    workspace: Workspace | None,
+    store_factory: StoreFactory,
+    *,
+    base_dir: Path | None = None,
+) -> tuple[MLTable, list[EvalFile], str]:
+    """`evaluate`, plus the parsed MLTable and the MLTable text for the eval layout."""
+    ws = workspace or Workspace.empty()
+    location = locate(mltable_location, ws, base_dir)
+    with Stores(store_factory) as stores:
+        table, folder = read_mltable(location, stores)
+        files = subset(list_files(table, folder, ws, stores), table.file_steps())
+    return table, files, eval_mltable_text(table, files)

@@ -1,0 +1,360 @@
+"""The MLTable file: its model and parser (Azure ML's MLTable YAML syntax).
+
+An MLTable is a folder holding an `MLTable` YAML file with `paths` (each a
+`file:`, `folder:` or `pattern:` entry) and an ordered list of
+`transformations`, each a one-key mapping (`- take: 10`). Parsing is pure:
+text in, `MLTable` out; every problem is one line naming the MLTable file and
+the entry (`MLTable /data/t/MLTable: transformations[1].read_delimited: unknown
+key 'delimeter'`). Reading the file from storage is `evaluate.read_mltable`.
+
+Imports `errors`, `mltable.patterns`, `mltable.expr`, pydantic and yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from datamount.errors import InvalidInput
+from datamount.mltable import expr, patterns
+
+
+class MLTableError(InvalidInput):
+    """The MLTable file is malformed (exit code 2, one line per problem)."""
+
+
+Encoding = Literal[
+    "utf8", "iso88591", "latin1", "ascii", "utf16", "utf32", "utf8bom", "windows1252"
+]
+# MLTable encoding names → Python codec names.
+CODECS = {
+    "utf8": "utf-8",
+    "iso88591": "iso-8859-1",
+    "latin1": "latin-1",
+    "ascii": "ascii",
+    "utf16": "utf-16",
+    "utf32": "utf-32",
+    "utf8bom": "utf-8-sig",
+    "windows1252": "cp1252",
+}
+READS = ("read_delimited", "read_parquet", "read_json_lines")
+FILE_STEPS = ("take", "skip", "take_random_sample")  # before a read step: on the file list
+PATH_KINDS = ("file", "folder", "pattern")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReadDelimited(_Strict):
+    delimiter: str = ","
+    header: Literal[
+        "all_files_same_headers", "from_first_file", "all_files_different_headers", "no_header"
+    ] = "all_files_same_headers"
+    encoding: Encoding = "utf8"
+    empty_as_string: bool = False
+    include_path_column: bool = False
+    path_column: str = "Path"
+    support_multi_line: bool = False
+    infer_column_types: bool = True
+
+    @field_validator("delimiter")
+    @classmethod
+    def _one_char(cls, v: str) -> str:
+        if len(v) != 1:
+            raise ValueError(f"delimiter must be one character, got {v!r}")
+        return v
+
+
+class ReadParquet(_Strict):
+    include_path_column: bool = False
+    path_column: str = "Path"
+
+
+class ReadJsonLines(_Strict):
+    encoding: Encoding = "utf8"
+    invalid_lines: Literal["error", "drop"] = "error"
+    include_path_column: bool = False
+    path_column: str = "Path"
+
+
+class TakeRandomSample(_Strict):
+    probability: float = Field(ge=0.0, le=1.0)
+    seed: int | None = None
+
+
+class DatetimeType(_Strict):
+    formats: list[str] = Field(default_factory=list)
+    date_constant: str | None = None
+
+    @field_validator("formats", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class BooleanType(_Strict):
+    true_values: list[str] = Field(default_factory=lambda: ["true", "True", "TRUE", "1"])
+    false_values: list[str] = Field(default_factory=lambda: ["false", "False", "FALSE", "0"])
+    mismatch_as: Literal["true", "false", "error"] | None = None
+
+
+ColumnType = Literal["int", "float", "string", "boolean", "datetime"]
+
+
+class Conversion(_Strict):
+    """One `convert_column_types` item: `columns` (a name or a list) to `column_type`."""
+
+    columns: list[str]
+    column_type: ColumnType
+    datetime: DatetimeType | None = None
+    boolean: BooleanType | None = None
+
+
+@dataclass(frozen=True)
+class PathEntry:
+    """One `paths` item. `value` is the path or URI as written."""
+
+    kind: Literal["file", "folder", "pattern"]
+    value: str
+    where: str  # "paths[0]"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One transformation. `args` is the typed value for `name`:
+
+    read_delimited → ReadDelimited, read_parquet → ReadParquet, read_json_lines
+    → ReadJsonLines, take / skip → int, take_random_sample → TakeRandomSample,
+    keep_columns / drop_columns → list[str], convert_column_types →
+    list[Conversion], filter → expr.Expr, extract_columns_from_partition_format
+    → patterns.PartitionFormat.
+    """
+
+    name: str
+    args: Any
+    where: str  # "transformations[2]"
+    raw: Any = None  # the item as written (to write the MLTable back out)
+
+    @property
+    def is_read(self) -> bool:
+        return self.name in READS
+
+
+@dataclass(frozen=True)
+class MLTable:
+    source: str  # where the MLTable file is (path or URI), for messages
+    paths: tuple[PathEntry, ...]
+    steps: tuple[Step, ...]
+
+    @property
+    def read_step(self) -> Step | None:
+        return next((s for s in self.steps if s.is_read), None)
+
+    def file_steps(self) -> list[Step]:
+        """take / skip / take_random_sample before the first read step: they
+        subset the file list (with no read step at all, every one of them does)."""
+        out = []
+        for step in self.steps:
+            if step.is_read:
+                break
+            if step.name in FILE_STEPS:
+                out.append(step)
+        return out
+
+    def row_steps(self) -> list[Step]:
+        """Every step after the first read step (applied to rows)."""
+        steps = list(self.steps)
+        first = next((i for i, s in enumerate(steps) if s.is_read), None)
+        return [] if first is None else steps[first + 1 :]
+
+
+TOP_KEYS = {"$schema", "type", "paths", "transformations", "traits", "metadata"}
+
+
+def parse_mltable(text: str, source: str) -> MLTable:
+    """Parse MLTable YAML `text`; `source` names the file in every error."""
+    fail = _Failer(source)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise fail(f"not valid YAML{at}: {problem}") from None
+    if not isinstance(data, dict):
+        raise fail("expected a mapping with 'paths' and 'transformations' at the top level")
+    unknown = sorted(str(k) for k in data if k not in TOP_KEYS)
+    if unknown:
+        raise fail(f"unknown key {unknown[0]!r} (allowed: paths, transformations, type, $schema)")
+    if data.get("type", "mltable") != "mltable":
+        raise fail(f"type: expected 'mltable', got {data['type']!r}")
+    raw_paths = data.get("paths")
+    if not isinstance(raw_paths, list) or not raw_paths:
+        raise fail("paths: expected a non-empty list of file:, folder: or pattern: entries")
+    paths = tuple(_path_entry(item, f"paths[{i}]", fail) for i, item in enumerate(raw_paths))
+    raw_steps = data.get("transformations") or []
+    if not isinstance(raw_steps, list):
+        raise fail("transformations: expected a list")
+    steps = tuple(_step(item, f"transformations[{i}]", fail) for i, item in enumerate(raw_steps))
+    reads = [s for s in steps if s.is_read]
+    if len(reads) > 1:
+        raise fail(f"{reads[1].where}: only one read_* transformation is allowed")
+    for step in steps:
+        if step.is_read:
+            break
+        if step.name not in FILE_STEPS:
+            place = "after the read_* transformation" if reads else "after a read_* transformation"
+            raise fail(f"{step.where}: {step.name} works on columns: it must come {place}")
+    return MLTable(source, paths, steps)
+
+
+class _Failer:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __call__(self, message: str) -> MLTableError:
+        return MLTableError(f"MLTable {self.source}: {message}")
+
+
+def _path_entry(item: Any, where: str, fail: _Failer) -> PathEntry:
+    if not isinstance(item, dict) or len(item) != 1:
+        raise fail(f"{where}: expected one of file:, folder:, pattern: with a path, got {item!r}")
+    ((kind, value),) = item.items()
+    if kind not in PATH_KINDS:
+        raise fail(f"{where}: unknown path kind {kind!r} (allowed: file, folder, pattern)")
+    if not isinstance(value, str) or not value.strip():
+        raise fail(f"{where}.{kind}: expected a path or URI, got {value!r}")
+    if kind == "pattern":
+        try:
+            patterns.compile_glob(value)
+        except ValueError as exc:
+            raise fail(f"{where}.pattern: {value!r}: {exc}") from None
+    return PathEntry(kind, value.strip(), where)
+
+
+def _step(item: Any, where: str, fail: _Failer) -> Step:
+    if isinstance(item, str) and item in READS:  # `- read_parquet` with no options
+        item = {item: None}
+    if not isinstance(item, dict) or len(item) != 1:
+        raise fail(f"{where}: expected one transformation as a one-key mapping, got {item!r}")
+    ((name, value),) = item.items()
+    at = f"{where}.{name}"
+    parser = _PARSERS.get(str(name))
+    if parser is None:
+        known = ", ".join(sorted(_PARSERS))
+        raise fail(f"{where}: unknown transformation {name!r} (known: {known})")
+    try:
+        return Step(str(name), parser(value), where, {name: value})
+    except ValidationError as exc:
+        raise fail(f"{at}: {_pydantic_message(exc)}") from None
+    except ValueError as exc:
+        raise fail(f"{at}: {exc}") from None
+
+
+def _pydantic_message(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"unknown key {loc!r}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _options(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of options, got {value!r}")
+    return value
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _columns(value: Any) -> list[str]:
+    cols = [value] if isinstance(value, str) else value
+    if not isinstance(cols, list) or not cols or not all(isinstance(c, str) for c in cols):
+        raise ValueError(f"expected a column name or a list of column names, got {value!r}")
+    if len(set(cols)) != len(cols):
+        raise ValueError(f"duplicate column in {cols!r}")
+    return list(cols)
+
+
+def _conversions(value: Any) -> list[Conversion]:
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"[{i}]: expected a mapping with columns and column_type")
+        unknown = sorted(set(item) - {"columns", "column_type"})
+        if unknown:
+            raise ValueError(f"[{i}]: unknown key {unknown[0]!r}")
+        if "columns" not in item or "column_type" not in item:
+            raise ValueError(f"[{i}]: needs both columns and column_type")
+        try:
+            columns = _columns(item["columns"])
+        except ValueError as exc:
+            raise ValueError(f"[{i}].columns: {exc}") from None
+        ctype = item["column_type"]
+        fields: dict[str, Any] = {"columns": columns}
+        if isinstance(ctype, dict) and len(ctype) == 1:
+            ((kind, opts),) = ctype.items()
+            if kind not in ("datetime", "boolean"):
+                raise ValueError(
+                    f"[{i}].column_type: only datetime and boolean take options, not {kind!r}"
+                )
+            fields.update(column_type=kind, **{kind: opts or {}})
+        elif isinstance(ctype, str):
+            fields["column_type"] = ctype
+        else:
+            raise ValueError(f"[{i}].column_type: expected a type name or one-key mapping")
+        try:
+            conv = Conversion.model_validate(fields)
+        except ValidationError as exc:
+            raise ValueError(f"[{i}].{_pydantic_message(exc)}") from None
+        if conv.column_type == "datetime" and conv.datetime is None:
+            conv = conv.model_copy(update={"datetime": DatetimeType()})
+        if conv.column_type == "boolean" and conv.boolean is None:
+            conv = conv.model_copy(update={"boolean": BooleanType()})
+        out.append(conv)
+    return out
+
+
+def _partition(value: Any) -> patterns.PartitionFormat:
+    # Written as a string, as {partition_format: ...}, or as the docs' flow
+    # mapping `{timestamp:yyyy/MM/dd}`, which YAML reads as {'timestamp:yyyy/MM/dd': None}.
+    if isinstance(value, dict) and set(value) == {"partition_format"}:
+        value = value["partition_format"]
+    elif isinstance(value, dict) and len(value) == 1 and next(iter(value.values())) is None:
+        value = "{" + str(next(iter(value))) + "}"
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a partition format such as '{{year}}/{{month}}/': {value!r}")
+    return patterns.PartitionFormat.parse(value)
+
+
+def _filter(value: Any) -> expr.Expr:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected an expression string, got {value!r}")
+    return expr.parse(value)
+
+
+_PARSERS: dict[str, Any] = {
+    "read_delimited": lambda v: ReadDelimited.model_validate(_options(v)),
+    "read_parquet": lambda v: ReadParquet.model_validate(_options(v)),
+    "read_json_lines": lambda v: ReadJsonLines.model_validate(_options(v)),
+    "take": _count,
+    "skip": _count,
+    "take_random_sample": lambda v: TakeRandomSample.model_validate(_options(v)),
+    "keep_columns": _columns,
+    "drop_columns": _columns,
+    "convert_column_types": _conversions,
+    "filter": _filter,
+    "extract_columns_from_partition_format": _partition,
+}

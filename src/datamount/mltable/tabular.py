@@ -1,0 +1,260 @@
+"""Load an MLTable as a table: `load(path_or_uri, workspace=None)`.
+
+The transformations run in file order as a lazy pipeline of record-batch
+streams: steps before the read step subset the file list (evaluate.py), the
+read step streams batches out of the files (readers.py), and every later
+step transforms the stream batch by batch. `take` stops pulling once it has
+its rows, so the readers never fetch the blocks after them. Row-level
+`take_random_sample` keeps row i (counted over the whole stream) when the i-th
+draw of numpy's default_rng(seed) is below the probability.
+
+Imports `errors`, `storage`, `workspace`, `mltable.*`, pyarrow, pandas, numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datamount.errors import DataError
+from datamount.location import StorageLocation
+from datamount.mltable import convert, expr, readers
+from datamount.mltable.evaluate import (
+    EvalFile,
+    StoreFactory,
+    Stores,
+    list_files,
+    locate,
+    read_mltable,
+    subset,
+)
+from datamount.mltable.model import MLTable, Step
+from datamount.mltable.patterns import PartitionFormat
+from datamount.mltable.readers import Chunk
+from datamount.storage import open_store
+from datamount.workspace import Workspace
+
+
+def default_store_factory(location: StorageLocation) -> Any:
+    return open_store(location)
+
+
+def load(
+    path_or_uri: str | StorageLocation,
+    workspace: Workspace | None = None,
+    *,
+    store_factory: StoreFactory | None = None,
+    base_dir: Path | None = None,
+    block_size: int = readers.BLOCK_SIZE,
+) -> TabularMLTable:
+    """Read and parse the MLTable at `path_or_uri` (a local folder or file,
+    or any URI datamount parses); data is read when asked for."""
+    ws = workspace or Workspace.empty()
+    factory = store_factory or default_store_factory
+    location = locate(path_or_uri, ws, base_dir)
+    with Stores(factory) as stores:
+        table, folder = read_mltable(location, stores)
+    return TabularMLTable(table, folder, ws, factory, block_size)
+
+
+@dataclass
+class TabularMLTable:
+    mltable: MLTable
+    folder: StorageLocation
+    workspace: Workspace
+    store_factory: StoreFactory
+    block_size: int = readers.BLOCK_SIZE
+    _files: list[EvalFile] | None = field(default=None, repr=False)
+
+    def files(self) -> list[EvalFile]:
+        """The files the read step reads (file-level subsetting applied)."""
+        if self._files is None:
+            with Stores(self.store_factory) as stores:
+                found = list_files(self.mltable, self.folder, self.workspace, stores)
+            self._files = subset(found, self.mltable.file_steps())
+        return self._files
+
+    def to_arrow_table(self) -> pa.Table:
+        with Stores(self.store_factory) as stores:
+            chunks = self._pipeline(stores)
+            try:
+                tables = [pa.Table.from_batches([c.batch]) for c in chunks]
+            finally:
+                chunks.close()
+        if not tables:
+            return pa.table({})
+        try:
+            return pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+        try:  # files (or blocks) inferred different types for a column: keep its text
+            return pa.concat_tables(_as_text_where_mixed(tables), promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise DataError(
+                f"MLTable {self.mltable.source}: files disagree on column types: {exc}"
+            ) from None
+
+    def to_pandas_dataframe(self) -> Any:
+        return self.to_arrow_table().to_pandas()
+
+    # -- the pipeline ---------------------------------------------------------
+
+    def _pipeline(self, stores: Stores) -> Generator[Chunk, None, None]:
+        table = self.mltable
+        read = table.read_step
+        files = self.files()
+        if read is None:  # paths only: a table of the files' URIs
+            uris = pa.array([f.uri for f in files], pa.string())
+            chunks: Iterator[Chunk] = iter(
+                [Chunk(pa.RecordBatch.from_arrays([uris], names=["Path"]), f) for f in files[:1]]
+            )
+            return _stream(chunks)
+        reader = _READERS[read.name]
+        chunks = _located(
+            reader(read.args, files, lambda f: stores.get(f.location), self.block_size),
+            f"MLTable {table.source}: {read.where}.{read.name}",
+        )
+        for step in table.row_steps():
+            chunks = _apply(step, chunks, table.source)
+        return _stream(chunks)
+
+
+_READERS: dict[str, Callable[..., Iterator[Chunk]]] = {
+    "read_delimited": readers.read_delimited,
+    "read_parquet": readers.read_parquet,
+    "read_json_lines": readers.read_json_lines,
+}
+
+
+def _as_text_where_mixed(tables: list[pa.Table]) -> list[pa.Table]:
+    """Cast to string every column whose non-null types differ between tables
+    and are not all numeric (int64 and double still merge as double)."""
+    kinds: dict[str, set[pa.DataType]] = {}
+    for t in tables:
+        for f in t.schema:
+            if not pa.types.is_null(f.type):
+                kinds.setdefault(f.name, set()).add(f.type)
+    numeric = (pa.types.is_integer, pa.types.is_floating)
+    mixed = {
+        name
+        for name, types in kinds.items()
+        if len(types) > 1 and not all(any(f(t) for f in numeric) for t in types)
+    }
+    out = []
+    for t in tables:
+        for name in mixed & set(t.schema.names):
+            i = t.schema.get_field_index(name)
+            t = t.set_column(i, name, pc.cast(t.column(i), pa.string()))
+        out.append(t)
+    return out
+
+
+def _located(chunks: Iterator[Chunk], where: str) -> Iterator[Chunk]:
+    """Name the MLTable file and the read step in a reader's error."""
+    try:
+        yield from chunks
+    except readers.ReadError as exc:
+        raise DataError(f"{where}: {exc}") from None
+
+
+def _stream(chunks: Iterator[Chunk]) -> Generator[Chunk, None, None]:
+    yield from chunks
+
+
+def _apply(step: Step, chunks: Iterator[Chunk], source: str) -> Iterator[Chunk]:
+    where = f"MLTable {source}: {step.where}.{step.name}"
+    if step.name == "take":
+        return _take(chunks, step.args)
+    if step.name == "skip":
+        return _skip(chunks, step.args)
+    if step.name == "take_random_sample":
+        return _sample(chunks, step.args.probability, step.args.seed)
+    return _map(step, chunks, where)
+
+
+def _take(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
+    left = count
+    if left <= 0:
+        return
+    for chunk in chunks:
+        n = chunk.batch.num_rows
+        if n >= left:
+            yield Chunk(chunk.batch.slice(0, left), chunk.file)
+            return
+        left -= n
+        yield chunk
+
+
+def _skip(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
+    left = count
+    for chunk in chunks:
+        n = chunk.batch.num_rows
+        if left >= n:
+            left -= n
+            continue
+        yield Chunk(chunk.batch.slice(left), chunk.file) if left else chunk
+        left = 0
+
+
+def _sample(chunks: Iterator[Chunk], probability: float, seed: int | None) -> Iterator[Chunk]:
+    rng = np.random.default_rng(seed)
+    for chunk in chunks:
+        keep = rng.random(chunk.batch.num_rows) < probability
+        yield Chunk(chunk.batch.filter(pa.array(keep)), chunk.file)
+
+
+def _map(step: Step, chunks: Iterator[Chunk], where: str) -> Iterator[Chunk]:
+    for chunk in chunks:
+        try:
+            batch = _transform(step, chunk, where)
+        except (expr.ExprError, convert.ConversionError) as exc:
+            raise DataError(f"{where}: {exc}") from None
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise DataError(f"{where}: {chunk.file.uri}: {exc}") from None
+        yield Chunk(batch, chunk.file)
+
+
+def _columns(batch: pa.RecordBatch, wanted: list[str], where: str) -> None:
+    missing = [c for c in wanted if c not in batch.schema.names]
+    if missing:
+        have = ", ".join(batch.schema.names)
+        raise DataError(f"{where}: no column {missing[0]!r} (columns: {have})")
+
+
+def _transform(step: Step, chunk: Chunk, where: str) -> pa.RecordBatch:
+    batch = chunk.batch
+    names = batch.schema.names
+    if step.name == "keep_columns":
+        _columns(batch, step.args, where)
+        return batch.select(step.args)
+    if step.name == "drop_columns":
+        _columns(batch, step.args, where)
+        return batch.select([n for n in names if n not in step.args])
+    if step.name == "filter":
+        return batch.filter(expr.mask(step.args, batch), null_selection_behavior="drop")
+    if step.name == "convert_column_types":
+        arrays = dict(zip(names, batch.columns, strict=True))
+        for conv in step.args:
+            _columns(batch, conv.columns, where)
+            for col in conv.columns:
+                arrays[col] = convert.convert(arrays[col], conv, col)
+        return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
+    if step.name == "extract_columns_from_partition_format":
+        return _partition_columns(batch, step.args, chunk.file)
+    raise AssertionError(f"unhandled transformation {step.name}")  # the parser rejects others
+
+
+def _partition_columns(batch: pa.RecordBatch, fmt: PartitionFormat, file: EvalFile) -> Any:
+    values = fmt.extract(file.path) or {}
+    n = batch.num_rows
+    arrays = dict(zip(batch.schema.names, batch.columns, strict=True))
+    for name, dt_format in fmt.columns:
+        kind = pa.string() if dt_format is None else convert.TIMESTAMP
+        arrays[name] = pa.array([values.get(name)] * n, kind)
+    return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
