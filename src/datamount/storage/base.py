@@ -14,6 +14,8 @@ policy where the store has one. Imports only `datamount.errors`.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -122,6 +124,38 @@ class ObjectStore(Protocol):
     def close(self) -> None:
         """Release connections. The store must not be used afterwards."""
         ...
+
+
+def paged_listing(
+    infos: list[ObjectInfo], prefix: str, delimiter: str | None, page_size: int
+) -> Iterator[tuple[int, ListPage]]:
+    """The listing of `infos` (sorted by key) under `prefix` as service pages
+    would give it: keys with `delimiter` after the prefix folded into one
+    prefix each, key order, `page_size` entries (objects and prefixes alike)
+    a page, at least one page. Yields (page number, page) lazily, for stores
+    that keep their objects in memory and count requests."""
+    start = bisect.bisect_left(infos, prefix, key=lambda info: info.key)
+    entries: list[tuple[str, ObjectInfo | None]] = []
+    for info in itertools.islice(infos, start, None):
+        if not info.key.startswith(prefix):
+            break
+        rest = info.key[len(prefix) :]
+        if delimiter and delimiter in rest:
+            folded = prefix + rest[: rest.index(delimiter) + len(delimiter)]
+            if not entries or entries[-1][0] != folded:
+                entries.append((folded, None))
+        else:
+            entries.append((info.key, info))
+    entries.sort(key=lambda e: e[0])
+    for number, first in enumerate(range(0, max(len(entries), 1), page_size)):
+        chunk = entries[first : first + page_size]
+        yield (
+            number,
+            ListPage(
+                objects=[info for _, info in chunk if info is not None],
+                prefixes=[name for name, info in chunk if info is None],
+            ),
+        )
 
 
 def check_range(offset: int, length: int) -> None:

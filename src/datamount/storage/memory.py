@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from datamount.errors import BadRequest, ObjectNotFound, VersionChanged
-from datamount.storage.base import ListPage, ObjectInfo, check_range
+from datamount.storage.base import ListPage, ObjectInfo, check_range, paged_listing
 
 MAX_BLOCK_ID_BYTES = 64  # Azure's limit for a block id before base64
 
@@ -89,32 +89,14 @@ class MemoryStore:
         # Snapshot under the lock, page lazily outside it: a page is
         # "requested" (counted) only when the consumer asks for it.
         with self._lock:
-            keys = sorted(k for k in self._objects if k.startswith(prefix))
-            infos = {k: self._objects[k].info for k in keys}
-        entries: list[tuple[str, ObjectInfo | None]] = []
-        seen_prefixes: set[str] = set()
-        for key in keys:
-            rest = key[len(prefix) :]
-            if delimiter and delimiter in rest:
-                folded = prefix + rest[: rest.index(delimiter) + len(delimiter)]
-                if folded not in seen_prefixes:
-                    seen_prefixes.add(folded)
-                    entries.append((folded, None))
-            else:
-                entries.append((key, infos[key]))
-        entries.sort(key=lambda e: e[0])
-        start = 0
-        while True:
+            infos = sorted(
+                (o.info for k, o in self._objects.items() if k.startswith(prefix)),
+                key=lambda info: info.key,
+            )
+        for _number, page in paged_listing(infos, prefix, delimiter, self.page_size):
             with self._lock:
                 self._count("list")
-            chunk = entries[start : start + self.page_size]
-            yield ListPage(
-                objects=[info for _, info in chunk if info is not None],
-                prefixes=[name for name, info in chunk if info is None],
-            )
-            start += self.page_size
-            if start >= len(entries):
-                return
+            yield page
 
     def stat(self, key: str) -> ObjectInfo:
         with self._lock:
