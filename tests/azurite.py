@@ -29,6 +29,10 @@ AZURITE_BIN = REPO / "node_modules" / ".bin" / "azurite-blob"
 ACCOUNT = "devstoreaccount1"
 # The well-known Azurite development key (public, documented by Microsoft).
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+# A second account for tests spanning accounts (an Azurite started with
+# AZURITE_ACCOUNTS serving both: the `two_accounts` fixture).
+SECOND = "mlsecond"
+SECOND_KEY = "c2Vjb25kLWFjY291bnQta2V5LWZvci1henVyaXRlLXRlc3RzLW9ubHktMDEyMzQ1Njc4OQ=="
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 START_TIMEOUT = 30.0  # node + Azurite start in ~1 s here; a loaded CI box is slower
 

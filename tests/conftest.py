@@ -5,13 +5,14 @@ container per test. Tests that use them are marked `azurite` automatically
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from azure.storage.blob import ContainerClient
 
-from azurite import Azurite, AzuriteMissing
+from azurite import KEY, SECOND, SECOND_KEY, Azurite, AzuriteMissing
 from datamount.credentials import Credential
 from datamount.location import StorageKind, StorageLocation
 from datamount.retry import RetryPolicy
@@ -28,6 +29,28 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
         service.start()
     except AzuriteMissing as exc:
         pytest.fail(str(exc), pytrace=False)
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="session")
+def two_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """An Azurite of its own serving devstoreaccount1 and a second account
+    SECOND (AZURITE_ACCOUNTS), so the session instance other tests use is unchanged."""
+    service = Azurite(tmp_path_factory.mktemp("azurite2"))
+    saved = os.environ.get("AZURITE_ACCOUNTS")
+    os.environ["AZURITE_ACCOUNTS"] = f"devstoreaccount1:{KEY};{SECOND}:{SECOND_KEY}"
+    try:
+        service.start()
+    except AzuriteMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    finally:
+        if saved is None:
+            del os.environ["AZURITE_ACCOUNTS"]
+        else:
+            os.environ["AZURITE_ACCOUNTS"] = saved
     try:
         yield service
     finally:

@@ -6,15 +6,13 @@ fixed prefix, eval layout paths."""
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from azure.storage.blob import BlobServiceClient, ContainerClient
 
-from azurite import KEY, Azurite
+from azurite import KEY, SECOND, SECOND_KEY, Azurite
 from datamount.errors import DataError
 from datamount.location import StorageKind
 from datamount.mltable import MLTableError, evaluate
@@ -223,29 +221,6 @@ def test_evaluation_errors_name_the_file_and_entry(
 
 
 # -- a second storage account ----------------------------------------------------
-
-SECOND = "mlsecond"
-SECOND_KEY = "c2Vjb25kLWFjY291bnQta2V5LWZvci1henVyaXRlLXRlc3RzLW9ubHktMDEyMzQ1Njc4OQ=="
-
-
-@pytest.fixture(scope="module")
-def two_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
-    """An Azurite of its own serving devstoreaccount1 and a second account
-    (AZURITE_ACCOUNTS), so the session instance other tests use is unchanged."""
-    service = Azurite(tmp_path_factory.mktemp("azurite2"))
-    saved = os.environ.get("AZURITE_ACCOUNTS")
-    os.environ["AZURITE_ACCOUNTS"] = f"devstoreaccount1:{KEY};{SECOND}:{SECOND_KEY}"
-    try:
-        service.start()
-    finally:
-        if saved is None:
-            del os.environ["AZURITE_ACCOUNTS"]
-        else:
-            os.environ["AZURITE_ACCOUNTS"] = saved
-    try:
-        yield service
-    finally:
-        service.stop()
 
 
 def test_paths_on_two_storage_accounts(two_accounts: Azurite) -> None:

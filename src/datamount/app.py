@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datamount import mountd, outputs, registry
+from datamount import evalmode, mountd, outputs, registry
 from datamount.errors import (
     DataError,
     DatamountError,
@@ -263,6 +263,48 @@ def download(
         return result
 
 
+def eval_download(
+    ctx: Context,
+    spec: JobSpec,
+    entry: DataInput,
+    dest: Path,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> DownloadResult:
+    """eval_download: the files of the evaluated MLTable (and the layout's
+    MLTable file) copied to `dest/<account>/<container>/<path>`."""
+    settings = ctx.settings
+    workspace = ctx.load_workspace(required=False) or Workspace.empty()
+    location = resolve_entry(spec, entry, workspace)
+    retry = make_retry(settings)
+    uri = location.uri()
+    with activity("eval_download", source=f"inputs.{entry.name}"):
+        store = evalmode.evaluated_store(
+            location, workspace, lambda loc: make_store(settings, loc, retry)
+        )
+        try:
+            options = DownloadOptions(
+                threads=settings.downloader_threads,
+                reserved_free_disk_space=settings.reserved_free_disk_space,
+                overwrite=overwrite,
+                fsync=settings.download_fsync,
+            )
+            downloader = Downloader(store, options, progress)
+            result = downloader.download("", dest, is_file=False, source_id=f"eval:{uri}")
+        except StorageError as exc:
+            again = exc.transient or exc.exhausted
+            raise DataError(f"eval_download of {uri} failed: {exc}", transient=again) from None
+        finally:
+            store.close()
+        log.info(
+            "eval_download %s -> %s: %d files, %d bytes in %.2f s, %d skipped, %d retries",
+            uri, dest, result.files, result.bytes, result.seconds, result.skipped_files,
+            retry.stats.retries,
+        )  # fmt: skip
+        return result
+
+
 def upload(
     ctx: Context,
     src: Path,
@@ -332,6 +374,9 @@ def mount(
                     ctx, str(spec_path), mountpoint, name=entry.name, progress=progress
                 )
             return result.path
+        if entry.mode is Mode.EVAL_DOWNLOAD:
+            with progress if progress is not None else contextlib.nullcontext():
+                return eval_download(ctx, spec, entry, mountpoint, progress=progress).path
         if entry.mode is Mode.UPLOAD:
             return prepare_upload_output(ctx, spec, entry, mountpoint)
         if entry.mode is Mode.DIRECT:
@@ -340,7 +385,7 @@ def mount(
         if entry.mode is not Mode.RO_MOUNT:
             raise DatamountError(
                 f"{entry.direction}s.{entry.name}: mode {entry.mode.value} is not available yet "
-                "(this build supports: download, ro_mount, upload, direct)"
+                "(this build supports: download, ro_mount, eval_download, upload, direct)"
             )
         if entry.direction != "input":
             raise SpecError(f"outputs.{entry.name}: ro_mount is an input mode")

@@ -48,7 +48,7 @@ from datamount.workspace import Workspace
 log = logging.getLogger("datamount.run")
 
 # Modes `run` can materialise in this build.
-INPUT_MODES = (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT)
+INPUT_MODES = (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT, Mode.EVAL_DOWNLOAD)
 OUTPUT_MODES = (Mode.UPLOAD, Mode.DIRECT)
 # Attempts to prepare one input when its failure is transient (each attempt
 # already retried every request AZUREML_DATASET_HTTP_RETRY_COUNT times).
@@ -221,7 +221,7 @@ class JobRun:
         folder = self.workdir / f"{entry.direction}s" / entry.name
         where = f"{entry.direction}s.{entry.name}"
         started = time.monotonic()
-        if entry.mode is Mode.DOWNLOAD:
+        if entry.mode in (Mode.DOWNLOAD, Mode.EVAL_DOWNLOAD):
             folder.mkdir(parents=True, exist_ok=True)
         path = app.mount(
             self.ctx, self._spec_path(), folder, name=entry.name, progress=None,

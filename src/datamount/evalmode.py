@@ -1,0 +1,54 @@
+"""The eval modes of an `mltable` input: its MLTable evaluated to files, shown
+as one tree.
+
+`evaluated_store` evaluates the MLTable (paths resolved across accounts and
+containers, file-level `take`/`skip`/`take_random_sample` applied) and returns
+a FileListStore presenting exactly those files at their eval layout paths —
+`<account>/<container>/<path>`, `local/<path relative to the MLTable>`,
+`http/<host>/<path>` — plus an `MLTable` file at the root that describes the
+layout (the remaining transformations, paths rewritten to the local copies).
+`eval_download` copies that store with the ordinary Downloader; `eval_mount`
+serves it with the ordinary read-only FUSE stack (app.py). Each file is read
+from its own store with its own credential, pinned to the version evaluated.
+
+Imports `mltable`, `storage`, `location`, `workspace`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from datamount.location import StorageLocation
+from datamount.mltable.evaluate import MLTABLE_FILE, StoreFactory, Stores, evaluate_table
+from datamount.storage.filelist import FileListStore, ListedFile
+from datamount.workspace import Workspace
+
+log = logging.getLogger("datamount.evalmode")
+
+
+def evaluated_store(
+    location: StorageLocation,
+    workspace: Workspace,
+    factory: StoreFactory,
+    *,
+    base_dir: Path | None = None,
+) -> FileListStore:
+    """The evaluated MLTable at `location` as one read-only store (closing it
+    closes the stores of every account and container it reads from)."""
+    _table, files, text = evaluate_table(location, workspace, factory, base_dir=base_dir)
+    stores = Stores(factory)
+    try:
+        listed = [
+            ListedFile(f.eval_path, stores.get(f.location), f.key, f.size, f.etag) for f in files
+        ]
+    except BaseException:
+        stores.close()
+        raise
+    total = sum(f.size for f in files)
+    accounts = sorted({f.eval_path.split("/", 2)[0] for f in files})
+    log.info(
+        "evaluated MLTable %s: %d files, %d bytes, from %s",
+        location.uri(), len(files), total, ", ".join(accounts) or "nothing",
+    )  # fmt: skip
+    return FileListStore(listed, inline={MLTABLE_FILE: text.encode()}, on_close=stores.close)
