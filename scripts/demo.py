@@ -7,6 +7,7 @@ and read through the storage layer, then stop Azurite — also on failure.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the test harness's Azurite launcher
 
-from azurite import Azurite  # noqa: E402
+from azure.storage.blob import BlobServiceClient  # noqa: E402
+
+from azurite import KEY, SECOND, SECOND_KEY, Azurite  # noqa: E402
+from datamount.mltable import load  # noqa: E402
 from datamount.spec import load_spec  # noqa: E402
 from datamount.storage import open_store  # noqa: E402
 from datamount.workspace import Workspace  # noqa: E402
@@ -37,6 +41,23 @@ def seed(azurite: Azurite) -> None:
     )
     lake = azurite.create_container("lake")
     azurite.seed(lake, {"events/2024/01/part-0.json": b'{"event": "start"}\n'})
+    header = b"PassengerId,Survived,Pclass,Name\n"
+    azurite.seed(
+        lake,
+        {
+            "passengers/2023/q1.csv": header + b"5,0,3,Allen\n6,1,2,Moran\n",
+            "passengers/2024/q1.csv": header + b"7,0,1,McCarthy\n",
+            "passengers/notes.txt": b"not a table\n",
+        },
+    )
+    # The second storage account (AZURITE_ACCOUNTS): a container of its own.
+    second = BlobServiceClient(
+        f"http://127.0.0.1:{PORT}/{SECOND}",
+        credential={"account_name": SECOND, "account_key": SECOND_KEY},
+    )
+    with second:
+        archive = second.create_container("archive")
+        archive.upload_blob("passengers/1913.csv", header + b"8,1,1,Astor\n9,0,3,Sage\n")
 
 
 def step(title: str, *args: str, env: dict[str, str]) -> None:
@@ -49,10 +70,13 @@ def main() -> int:
     workdir = REPO / ".demo"
     env = {
         **os.environ,
-        "AZURITE_ACCOUNT_KEY": Azurite(workdir).key,
+        "AZURITE_ACCOUNT_KEY": KEY,
+        "AZURITE_SECOND_KEY": SECOND_KEY,
         "DATAMOUNT_CACHE_DIR": str(workdir / "cache"),
     }
     azurite = Azurite(workdir)
+    # Two storage accounts on one Azurite: the MLTable sample spans both.
+    os.environ["AZURITE_ACCOUNTS"] = f"devstoreaccount1:{KEY};{SECOND}:{SECOND_KEY}"
     try:
         azurite.start(port=PORT)
     except Exception as exc:
@@ -87,8 +111,21 @@ def main() -> int:
              "and registered", "run", "configs/command-job.yaml", env=env)  # fmt: skip
         step("the registered output", "resolve", "azureml:demo-model@latest", env=env)
 
-        print("\nReading through the storage layer:")
+        evaluated = workdir / "eval"
+        shutil.rmtree(evaluated, ignore_errors=True)
+        step("eval_download: an MLTable over two accounts, only the files it selects",
+             "mount", "configs/mltable-eval.yaml", str(evaluated), env=env)  # fmt: skip
+        for path in sorted(evaluated.rglob("*")):
+            if path.is_file() and not path.name.startswith("."):
+                print(f"  {path.relative_to(evaluated)}")
+        print("\npandas, straight from storage (datamount.mltable.load):")
         workspace = Workspace.load(REPO / "configs" / "workspace.yaml", env)
+        table = load(str(REPO / "configs" / "tables" / "passengers"), workspace)
+        print(table.to_pandas_dataframe().to_string(index=False))
+        same = load(str(evaluated)).to_pandas_dataframe()
+        print(f"  (the eval_download copy loads to the same {len(same)} rows)")
+
+        print("\nReading through the storage layer:")
         spec = load_spec(REPO / "configs" / "inputs-outputs.yaml")
         entry = spec.entry("train")
         location = workspace.resolve(

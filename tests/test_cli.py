@@ -14,6 +14,7 @@ from datamount import __version__
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 KEY = "Zm9vYmFyLWZha2Uta2V5LWZvci1jbGktdGVzdHM="
+SECOND_KEY = "c2Vjb25kLWZha2Uta2V5"
 SAS = "sv=2024-05-04&ss=b&srt=co&sp=rl&sig=VerySecretSignature%3D"
 
 
@@ -29,7 +30,8 @@ def env(tmp_path: Path) -> dict[str, str]:
         for k, v in os.environ.items()
         if not k.startswith(("DATAMOUNT_", "DATASET_", "RSLEX_", "AZUREML_"))
     }
-    return {**base, "AZURITE_ACCOUNT_KEY": KEY, "DATAMOUNT_CACHE_DIR": str(tmp_path / "cache")}
+    return {**base, "AZURITE_ACCOUNT_KEY": KEY, "AZURITE_SECOND_KEY": SECOND_KEY,
+            "DATAMOUNT_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -43,7 +45,9 @@ def test_version(env: dict[str, str]) -> None:
     assert (result.returncode, result.stdout.strip()) == (0, f"datamount {__version__}")
 
 
-@pytest.mark.parametrize("name", ["input-single.yaml", "inputs-outputs.yaml", "command-job.yaml"])
+@pytest.mark.parametrize(
+    "name", ["input-single.yaml", "inputs-outputs.yaml", "command-job.yaml", "mltable-eval.yaml"]
+)
 def test_validate_samples(env: dict[str, str], name: str) -> None:
     result = run(["validate", f"configs/{name}"], env)
     assert result.returncode == 0, result.stderr

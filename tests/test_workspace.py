@@ -131,6 +131,8 @@ def test_local_relative_resolves_against_base(ws: Workspace, tmp_path: Path) -> 
     assert loc.kind is StorageKind.LOCAL
     assert loc.uri() == f"{tmp_path}/data/train/"
     assert resolve(ws, "/abs/x.csv").uri() == "/abs/x.csv"
+    # A relative base (a spec named by a relative path) still gives an absolute path.
+    assert resolve(ws, "./t/", base_dir=Path("configs")).uri() == f"{Path.cwd()}/configs/t/"
 
 
 def test_asset_versions_and_latest(ws: Workspace) -> None:

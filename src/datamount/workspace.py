@@ -216,7 +216,7 @@ class Workspace:
             location = self._asset_target(location, where, expected_type)
         if location.kind is LocationKind.LOCAL:
             base = base_dir or Path.cwd()
-            path = os.path.normpath(base / os.path.expanduser(location.path))
+            path = os.path.normpath(os.path.abspath(base / os.path.expanduser(location.path)))
             return StorageLocation(
                 StorageKind.LOCAL, path + ("/" if location.path.endswith("/") else "")
             )
