@@ -128,3 +128,22 @@ def test_eval_download_of_a_missing_mltable_is_one_clear_error(
     assert out.returncode == 3
     assert out.stderr.count("\n") == 1 and "no MLTable file there" in out.stderr
     assert not (tmp_path / "dest").exists()
+
+
+def test_run_with_an_eval_download_input(
+    two_accounts: Azurite, two_containers: tuple[str, str], tmp_path: Path
+) -> None:
+    first, other = two_containers
+    env = env_for(two_accounts, tmp_path, first)
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "command: cat ${{inputs.table}}/" + f"{SECOND}/{other}/far/away.csv\n"
+        "inputs:\n"
+        "  table: {type: mltable, mode: eval_download, path: azureml://datastores/main/paths/t/}\n"
+    )
+    out = datamount("run", str(job), "--workdir", str(tmp_path / "w"), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.encode() == SECOND_BLOBS["far/away.csv"]
+    assert tree(tmp_path / "w" / "inputs" / "table").keys() - {"MLTable"} == set(
+        expected_tree(first, other)
+    )
