@@ -6,7 +6,8 @@ other exception is logged with its traceback and becomes EIO — the daemon
 never crashes on a bad request. The only module that imports mfusepy.
 
 Kernel-facing choices (see `run`):
-- read-only (`ro`), multithreaded (libfuse's worker pool, `max_threads`);
+- read-only (`ro`) unless the filesystem is writable (rw_mount);
+  multithreaded (libfuse's worker pool, `max_threads`);
 - attr / entry / negative timeouts equal the attribute cache TTL (none set:
   a year, i.e. never), so the kernel caches no longer than the daemon does;
 - `keep_cache` on an open whose pinned version is the one the previous open
@@ -54,7 +55,8 @@ FUSE_READDIR_PLUS = 1  # enum fuse_readdir_flags
 FUSE_FILL_DIR_PLUS = 2  # enum fuse_fill_dir_flags
 WAKE_SIGNAL = signal.SIGUSR1  # interrupts libfuse's loop thread after fuse_exit
 # errnos that are answers, not failures: never logged
-_QUIET = {errno.ENOENT, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENODATA}
+_QUIET = {errno.ENOENT, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENODATA,
+          errno.EEXIST, errno.ENOTEMPTY}  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -183,10 +185,12 @@ class Adapter(mfusepy.Operations):
 
     @_funnel
     def flush(self, path: str, fi: Any) -> int:
+        self.fs.flush(fi.fh)
         return 0
 
     @_funnel
     def fsync(self, path: str, datasync: int, fi: Any) -> int:
+        self.fs.fsync(fi.fh)
         return 0
 
     @_funnel
@@ -197,23 +201,30 @@ class Adapter(mfusepy.Operations):
     # and the kernel stops asking, so the two xattr probes `ls -l` makes per
     # file (ACL, security label) never reach Python.
 
-    # -- writes: all EROFS, through ReadOnlyFS so the rule lives in one place --
+    # -- writes: WritableFS serves them; ReadOnlyFS answers EROFS, so the rule
+    # lives in one place --
 
     @_funnel
     def create(self, path: str, mode: int, fi: Any = None) -> int:
-        return self.fs.create(path)
+        opened = self.fs.create(path, mode, fi.flags)
+        fi.fh = opened.fh
+        fi.keep_cache = 0
+        fi.direct_io = 0
+        return 0
 
     @_funnel
     def write(self, path: str, data: bytes, offset: int, fh: Any) -> int:
-        return self.fs.write(path)
+        return self.fs.write(path, data, offset, fh.fh)
 
     @_funnel
     def truncate(self, path: str, length: int, fh: Any = None) -> int:
-        return self.fs.truncate(path)
+        self.fs.truncate(path, length)
+        return 0
 
     @_funnel
     def mkdir(self, path: str, mode: int) -> int:
-        return self.fs.mkdir(path)
+        self.fs.mkdir(path, mode)
+        return 0
 
     @_funnel
     def mknod(self, path: str, mode: int, dev: int) -> int:
@@ -221,15 +232,18 @@ class Adapter(mfusepy.Operations):
 
     @_funnel
     def unlink(self, path: str) -> int:
-        return self.fs.unlink(path)
+        self.fs.unlink(path)
+        return 0
 
     @_funnel
     def rmdir(self, path: str) -> int:
-        return self.fs.rmdir(path)
+        self.fs.rmdir(path)
+        return 0
 
     @_funnel
     def rename(self, old: str, new: str) -> int:
-        return self.fs.rename(old, new)
+        self.fs.rename(old, new)
+        return 0
 
     @_funnel
     def link(self, target: str, source: str) -> int:
@@ -241,15 +255,18 @@ class Adapter(mfusepy.Operations):
 
     @_funnel
     def chmod(self, path: str, mode: int) -> int:
-        return self.fs.chmod(path)
+        self.fs.chmod(path, mode)
+        return 0
 
     @_funnel
     def chown(self, path: str, uid: int, gid: int) -> int:
-        return self.fs.chown(path)
+        self.fs.chown(path, uid, gid)
+        return 0
 
     @_funnel
     def utimens(self, path: str, times: Any = None) -> int:
-        return self.fs.utimens(path)
+        self.fs.utimens(path, times)
+        return 0
 
     @_funnel
     def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
@@ -288,6 +305,13 @@ class _Fuse(mfusepy.FUSE):
                 break  # the kernel's buffer is full; it asks again from next_offset
         return 0
 
+    def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
+        # mfusepy drops the flags; RENAME_NOREPLACE / RENAME_EXCHANGE cannot
+        # be honoured over copy + delete, so refuse them rather than ignore them.
+        if flags:
+            return -errno.EINVAL
+        return super().rename_fuse_3(old, new, flags)
+
 
 def run(
     fs: ReadOnlyFS,
@@ -310,7 +334,7 @@ def run(
     options: dict[str, Any] = {
         "foreground": True,  # the daemon detaches itself (mountd); libfuse must not fork
         "nothreads": False,
-        "ro": True,
+        "ro": not fs.writable,
         "fsname": fsname,
         "subtype": "datamount",
         "max_threads": max_threads,
