@@ -250,3 +250,13 @@ def test_reserve_gives_enospc_and_keeps_the_file(tmp_path: Path) -> None:
     fs.release(fh)
     assert store.data("out/keep") == b"ORIGinal"
     assert fs.statfs()["f_bavail"] * 4096 < 16 * 1024 * 1024
+
+
+def test_links_and_special_files_are_refused(tmp_path: Path) -> None:
+    store = MemoryStore({"out/f": b"f"})
+    fs = make(store, tmp_path / "s")
+    assert errno_of(fs.link, "/l", "/f") == errno.EPERM
+    assert errno_of(fs.symlink, "/s", "/f") == errno.EPERM
+    assert errno_of(fs.mknod, "/n", 0o644, 0) == errno.EOPNOTSUPP
+    assert errno_of(fs.fallocate, "/f", 0, 0, 10) == errno.EOPNOTSUPP
+    assert store.requests["put"] == 0

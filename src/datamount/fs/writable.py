@@ -525,6 +525,16 @@ class WritableFS(ReadOnlyFS):
 
     chown = utimens = chmod
 
+    def link(self, target: str, source: str) -> int:
+        raise _error(errno.EPERM, target)  # no links in a blob namespace
+
+    symlink = link
+
+    def _unsupported(self, path: str, *_: object) -> int:
+        raise _error(errno.EOPNOTSUPP, path)  # callers fall back (fallocate) or skip (xattrs)
+
+    mknod = setxattr = removexattr = fallocate = _unsupported
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def start_recovery(self) -> int:
