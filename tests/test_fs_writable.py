@@ -260,3 +260,56 @@ def test_links_and_special_files_are_refused(tmp_path: Path) -> None:
     assert errno_of(fs.mknod, "/n", 0o644, 0) == errno.EOPNOTSUPP
     assert errno_of(fs.fallocate, "/f", 0, 0, 10) == errno.EOPNOTSUPP
     assert store.requests["put"] == 0
+
+
+def test_copy_in_failure_leaves_nothing_staged(tmp_path: Path) -> None:
+    inner = MemoryStore({"out/a": b"secret"})
+    store = FaultyStore(inner, FaultPlan().fail("read", times=None, error=forbidden()))
+    fs = make(store, tmp_path / "s")
+    assert errno_of(fs.open, "/a", os.O_RDWR) == errno.EACCES
+    assert list((tmp_path / "s").glob("*.data")) == []
+    assert fs.getattr("/a")["st_size"] == 6
+    fh = fs.open("/a", os.O_WRONLY | os.O_TRUNC).fh  # no copy needed: works
+    fs.write("/a", b"new", 0, fh)
+    fs.flush(fh)
+    fs.release(fh)
+    assert inner.data("out/a") == b"new"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_operations_match_a_model(tmp_path: Path, seed: int) -> None:
+    """Writes, truncates, flushes and reads over several handles of one file
+    behave like a bytearray; storage holds the model after every flush."""
+    r = random.Random(seed)
+    store = MemoryStore({"out/f": r.randbytes(r.randrange(0, 3 * BLOCK))})
+    fs = make(store, tmp_path / "s")
+    model = bytearray(store.data("out/f"))
+    handles = [fs.open("/f", os.O_RDWR).fh for _ in range(3)]
+    reader = fs.open("/f", os.O_RDONLY).fh
+    for _ in range(60):
+        op = r.random()
+        fh = r.choice(handles)
+        if op < 0.5:
+            off = r.randrange(0, len(model) + BLOCK)
+            data = r.randbytes(r.randrange(1, 2 * BLOCK))
+            fs.write("/f", data, off, fh)
+            if off > len(model):
+                model.extend(b"\0" * (off - len(model)))
+            model[off : off + len(data)] = data
+        elif op < 0.6:
+            length = r.randrange(0, len(model) + BLOCK)
+            fs.truncate("/f", length)
+            model = model[:length] + b"\0" * max(0, length - len(model))
+        elif op < 0.75:
+            fs.flush(fh)
+            assert store.data("out/f") == bytes(model)
+        else:
+            off = r.randrange(0, len(model) + 1)
+            n = r.randrange(0, 3 * BLOCK)
+            assert fs.read(r.choice([*handles, reader]), off, n) == bytes(model[off : off + n])
+        assert fs.getattr("/f")["st_size"] == len(model)
+    for fh in [*handles, reader]:
+        fs.release(fh)
+    assert store.data("out/f") == bytes(model)
+    assert store.stat("out/f").content_md5 == md5(bytes(model))
+    assert list((tmp_path / "s").glob("*.data")) == []

@@ -11,7 +11,8 @@ One job: own the staging folder of one output (`<cache>/staging/<hash>/`):
 - `upload(staged)` sends the file through the transfer engine (`Uploader`:
   parallel Put Block + Put Block List, or one Put Blob for small files, the
   content MD5 always set), under the file's lock, so no write lands half-way
-  through an upload. It returns once the blob is committed (durable); a
+  through an upload. All uploads of a mount share one memory budget of
+  2 x threads blocks. It returns once the blob is committed (durable); a
   failure (after the store's retries) raises EIO and the file stays staged.
 - `journal.json` lists every staged file whose bytes are not known to be in
   storage, with its blob key and state: `open` (written, not yet flushed),
@@ -38,6 +39,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +58,11 @@ def _error(code: int, what: str = "") -> OSError:
     return OSError(code, os.strerror(code), what) if what else OSError(code, os.strerror(code))
 
 
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
+
+
 @dataclass(eq=False)
 class Staged:
     """One staged file. `version` counts changes; the file is dirty while the
@@ -72,6 +79,9 @@ class Staged:
     closed: bool = False  # its fd is closed (discarded or abandoned)
     state: str | None = None  # journal state; None = not in the journal
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Cleared while the current blob is being copied in; `error` if that failed.
+    ready: threading.Event = field(default_factory=lambda: _set(threading.Event()), repr=False)
+    error: OSError | None = None
 
     @property
     def dirty(self) -> bool:
@@ -101,6 +111,12 @@ class WriteBack:
         directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._journal: dict[str, dict[str, str]] = self._load()
+        # Upload memory, in blocks, shared by every upload of the mount: one
+        # Uploader holds up to 2 x threads blocks in flight (2 x 8 x 8 MiB =
+        # 128 MiB by default), and so do all of them together.
+        self._budget = 2 * options.threads
+        self._budget_free = self._budget
+        self._budget_cond = threading.Condition()
         self._counts = {
             "files_uploaded": 0,
             "bytes_uploaded": 0,
@@ -225,11 +241,14 @@ class WriteBack:
             with self._lock:
                 self._counts["uploads_in_flight"] += 1
             started = time.monotonic()
+            blocks = min(self._budget, max(1, -(-size // self.options.block_size)))
             try:
                 options = UploadOptions(
                     threads=self.options.threads, block_size=self.options.block_size, overwrite=True
                 )
-                Uploader(self.store, options, Progress("upload")).upload(staged.path, staged.key)
+                with self._memory(blocks):
+                    uploader = Uploader(self.store, options, Progress("upload"))
+                    uploader.upload(staged.path, staged.key)
             except Exception as exc:
                 with self._lock:
                     self._counts["uploads_in_flight"] -= 1
@@ -254,6 +273,19 @@ class WriteBack:
         """Unlinked or replaced: never uploaded; open handles may still read it."""
         staged.discarded = True
         self._set_state(staged, None)
+
+    @contextlib.contextmanager
+    def _memory(self, blocks: int) -> Iterator[None]:
+        with self._budget_cond:
+            while self._budget_free < blocks:
+                self._budget_cond.wait()
+            self._budget_free -= blocks
+        try:
+            yield
+        finally:
+            with self._budget_cond:
+                self._budget_free += blocks
+                self._budget_cond.notify_all()
 
     def discard(self, staged: Staged) -> None:
         """Remove a staged file: nothing left to upload (or unlinked)."""

@@ -28,10 +28,10 @@ One job: the write side of the FUSE filesystem, testable without a kernel
 
 Threads: any FUSE thread. `_lock` (ReadOnlyFS's) guards the handle tables
 and the staged map and is never held across I/O; `_stage_lock` makes the
-choice "attach to the staged file of this path or create it" atomic (it is
-held while an existing blob is copied in: opens for writing are serialised,
-reads are not). Imports `fs.ops`, `fs.namespace`, `writeback`, `errors`,
-`storage.base`.
+choice "attach to the staged file of this path or create it" atomic; the copy
+of an existing blob runs after it is released (`Staged.ready`: later openers
+of that path wait for the copy, other paths do not). Imports `fs.ops`,
+`fs.namespace`, `writeback`, `reader`, `blocks`, `errors`.
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ class WritableFS(ReadOnlyFS):
         rel = path.strip("/")
         with self._lock:
             staged = self._staged.get(rel)
-        if staged is not None:
+        if staged is not None and staged.ready.is_set():
             return self._staged_attrs(staged)
-        return self.namespace.getattr(path)
+        return self.namespace.getattr(path)  # (a blob being copied in: its stored size)
 
     def _find(self, path: str) -> Attrs | None:
         try:
@@ -166,7 +166,9 @@ class WritableFS(ReadOnlyFS):
         rel = path.strip("/")
         with self._lock:
             local = {
-                split(r)[1]: s for r, s in self._staged.items() if split(r)[0] == rel and r != rel
+                split(r)[1]: s
+                for r, s in self._staged.items()
+                if split(r)[0] == rel and r != rel and s.ready.is_set()
             }
         overlay = {name: self._staged_attrs(s) for name, s in local.items()}
         listing = self.namespace.list_dir(path)
@@ -199,25 +201,57 @@ class WritableFS(ReadOnlyFS):
                 staged.handles += 1
             return staged
 
-    def _stage(self, rel: str, *, copy: Attrs | None) -> Staged:
-        """A new staged file for `rel` with one handle; with `copy`, it starts
-        as a copy of that blob version. Called with _stage_lock held."""
+    def _stage(self, rel: str, *, copy: Attrs | None) -> tuple[Staged, Attrs | None]:
+        """A new staged file for `rel`, registered, with one handle. Called with
+        _stage_lock held; returns the blob version the caller must copy in
+        (`_fill`, outside the lock) before using it, if any."""
         staged = self.writeback.create(self._key(rel))
-        try:
-            if copy is not None and copy.size:
-                obj = ObjectId(self.store_id, copy.key, copy.etag, copy.size)
-                handle = self.reader.open(obj)
-                try:
-                    self.writeback.fill(staged, copy.size, handle.read)
-                finally:
-                    handle.close()
-        except BaseException:
-            self.writeback.discard(staged)
-            raise
         staged.handles = 1
+        fill = copy if copy is not None and copy.size else None
+        if fill is not None:
+            staged.ready.clear()  # later openers of this path wait for the copy
         with self._lock:
             self._staged[rel] = staged
-        return staged
+        return staged, fill
+
+    def _fill(self, staged: Staged, attrs: Attrs | None) -> None:
+        """Copy blob version `attrs` into a new staged file (no lock held: opens
+        of other paths go on meanwhile). On failure every handle gets the error."""
+        if attrs is None:
+            return
+        try:
+            obj = ObjectId(self.store_id, attrs.key, attrs.etag, attrs.size)
+            handle = self.reader.open(obj)
+            try:
+                self.writeback.fill(staged, attrs.size, handle.read)
+            finally:
+                handle.close()
+        except Exception as exc:
+            staged.error = exc if isinstance(exc, OSError) else _error(errno.EIO, staged.key)
+            with self._lock:
+                rel = self._rel_of(staged)
+                if self._staged.get(rel) is staged:
+                    del self._staged[rel]
+            staged.ready.set()
+            self._unwind(staged)
+            raise staged.error from exc
+        staged.ready.set()
+
+    def _wait_ready(self, staged: Staged) -> None:
+        """An opener that attached to a staged file still being copied in."""
+        staged.ready.wait()
+        if staged.error is not None:
+            self._unwind(staged)
+            raise staged.error
+
+    def _unwind(self, staged: Staged) -> None:
+        """Give back the handle of an open that failed; the last one removes it."""
+        with self._lock:
+            staged.handles -= 1
+            last = staged.handles == 0
+            self._idle.notify_all()
+        if last:
+            self.writeback.discard(staged)
 
     def _open_handle(self, staged: Staged, writable: bool) -> Opened:
         with self._lock:
@@ -272,6 +306,7 @@ class WritableFS(ReadOnlyFS):
         rel = path.strip("/")
         writing = flags & os.O_ACCMODE != os.O_RDONLY or bool(flags & _WRITING)
         truncate = writing and bool(flags & os.O_TRUNC)
+        fill: Attrs | None = None
         with self._stage_lock:
             staged = self._attach(rel)
             if staged is None:
@@ -280,7 +315,14 @@ class WritableFS(ReadOnlyFS):
                 attrs = self.namespace.getattr(path)
                 if attrs.is_dir:
                     raise _error(errno.EISDIR, path)
-                staged = self._stage(rel, copy=None if truncate else attrs)
+                staged, fill = self._stage(rel, copy=None if truncate else attrs)
+                created = True
+            else:
+                created = False
+        if created:
+            self._fill(staged, fill)
+        else:
+            self._wait_ready(staged)
         if truncate:
             try:
                 self.writeback.truncate(staged, 0)
@@ -297,10 +339,11 @@ class WritableFS(ReadOnlyFS):
         with self._stage_lock:
             staged = self._attach(rel)
             if staged is not None and flags & os.O_EXCL:
-                self._detach(staged, upload=False, why="create")
+                self._unwind(staged)
                 raise _error(errno.EEXIST, path)
             if staged is None:
-                staged = self._stage(rel, copy=None)
+                staged, _ = self._stage(rel, copy=None)
+        self._wait_ready(staged)
         try:
             if staged.size():
                 self.writeback.truncate(staged, 0)
@@ -320,6 +363,8 @@ class WritableFS(ReadOnlyFS):
             if staged is None and fh in self._files:
                 # opened read-only before a writer staged the path: show the writes
                 staged = self._staged.get(self._files[fh].path.strip("/"))
+                if staged is not None and not staged.ready.is_set():
+                    staged = None  # still a copy of the version this handle reads
         if staged is None:
             return super().read(fh, offset, size)
         data = staged.read(offset, size)
@@ -341,6 +386,7 @@ class WritableFS(ReadOnlyFS):
 
     def truncate(self, path: str, length: int) -> int:
         rel = path.strip("/")
+        fill: Attrs | None = None
         with self._stage_lock:
             staged = self._attach(rel)
             alone = staged is None
@@ -350,7 +396,11 @@ class WritableFS(ReadOnlyFS):
                     raise _error(errno.EISDIR, path)
                 if attrs.size == length:
                     return 0
-                staged = self._stage(rel, copy=attrs if length else None)
+                staged, fill = self._stage(rel, copy=attrs if length else None)
+        if alone:
+            self._fill(staged, fill)
+        else:
+            self._wait_ready(staged)
         try:
             self.writeback.truncate(staged, length)
         finally:
