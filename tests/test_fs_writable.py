@@ -176,10 +176,12 @@ def test_rename_and_unlink_of_open_files(tmp_path: Path) -> None:
     fh = fs.create("/gone", 0o644, W).fh
     fs.write("/gone", b"zz", 0, fh)
     fs.unlink("/gone")
-    assert fs.read(fh, 0, 10) == b"zz"  # the open handle keeps its bytes
+    fs.write("/gone", b"!", 2, fh)
+    assert fs.read(fh, 0, 10) == b"zz!"  # the open handle keeps its bytes
     fs.flush(fh)
     fs.release(fh)
     assert errno_of(store.stat, "out/gone") == errno.ENOENT
+    assert fs.finish_writes(1.0) == []  # nothing pending: it was unlinked
     assert list((tmp_path / "s").glob("*.data")) == []
 
 

@@ -191,7 +191,7 @@ class WriteBack:
 
     def _changed(self, staged: Staged) -> None:
         staged.version += 1
-        if staged.state != OPEN:
+        if staged.state != OPEN and not staged.discarded:
             self._set_state(staged, OPEN)
 
     def write(self, staged: Staged, data: bytes, offset: int) -> int:

@@ -141,7 +141,9 @@ class Adapter(mfusepy.Operations):
     # -- reads -----------------------------------------------------------------
 
     @_funnel
-    def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
+    def getattr(self, path: str | None, fh: Any = None) -> dict[str, int]:
+        if path is None:  # fstat of an unlinked open file (rw: hard_remove)
+            return self.fs.fgetattr(fh.fh)
         return self.fs.getattr(path)
 
     @_funnel
@@ -217,8 +219,11 @@ class Adapter(mfusepy.Operations):
         return self.fs.write(path, data, offset, fh.fh)
 
     @_funnel
-    def truncate(self, path: str, length: int, fh: Any = None) -> int:
-        self.fs.truncate(path, length)
+    def truncate(self, path: str | None, length: int, fh: Any = None) -> int:
+        if path is None:  # ftruncate of an unlinked open file (rw: hard_remove)
+            self.fs.ftruncate(fh.fh, length)
+        else:
+            self.fs.truncate(path, length)
         return 0
 
     @_funnel
@@ -253,19 +258,24 @@ class Adapter(mfusepy.Operations):
     def symlink(self, target: str, source: str) -> int:
         return self.fs.symlink(target, source)
 
+    # chmod / chown / utimens of an unlinked open file (path None): nothing to do.
+
     @_funnel
-    def chmod(self, path: str, mode: int) -> int:
-        self.fs.chmod(path, mode)
+    def chmod(self, path: str | None, mode: int) -> int:
+        if path is not None:
+            self.fs.chmod(path, mode)
         return 0
 
     @_funnel
-    def chown(self, path: str, uid: int, gid: int) -> int:
-        self.fs.chown(path, uid, gid)
+    def chown(self, path: str | None, uid: int, gid: int) -> int:
+        if path is not None:
+            self.fs.chown(path, uid, gid)
         return 0
 
     @_funnel
-    def utimens(self, path: str, times: Any = None) -> int:
-        self.fs.utimens(path, times)
+    def utimens(self, path: str | None, times: Any = None) -> int:
+        if path is not None:
+            self.fs.utimens(path, times)
         return 0
 
     @_funnel
@@ -305,6 +315,11 @@ class _Fuse(mfusepy.FUSE):
                 break  # the kernel's buffer is full; it asks again from next_offset
         return 0
 
+    def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+        # mfusepy drops the file handle; ftruncate of an unlinked file needs it.
+        decoded = None if path is None else path.decode(self.encoding, self.errors)
+        return self.operations.truncate(decoded, length, fip.contents if fip else None)
+
     def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
         # mfusepy drops the flags; RENAME_NOREPLACE / RENAME_EXCHANGE cannot
         # be honoured over copy + delete, so refuse them rather than ignore them.
@@ -343,6 +358,11 @@ def run(
     }
     if allow_other:
         options["allow_other"] = True  # the job may run as another user than the daemon
+    if fs.writable:
+        # unlink of an open file reaches the filesystem as an unlink (its open
+        # handles keep their staged bytes), not as a rename to .fuse_hidden*,
+        # which over blobs would be a copy + delete and a stray blob.
+        options["hard_remove"] = True
     try:
         _Fuse(adapter, mountpoint, raw_fi=True, **options)
     except RuntimeError as exc:

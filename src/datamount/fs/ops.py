@@ -171,6 +171,14 @@ class ReadOnlyFS:
             self._counts["getattrs"] += 1
         return self.stat_dict(self.namespace.getattr(path))
 
+    def fgetattr(self, fh: int) -> dict[str, int]:
+        """Attributes through an open handle (its path may be gone)."""
+        with self._lock:
+            file = self._files.get(fh)
+        if file is None:
+            raise _error(errno.EBADF)
+        return self.getattr(file.path)
+
     def access(self, path: str, mode: int) -> None:
         if mode & os.W_OK:
             raise read_only(path)
@@ -322,6 +330,9 @@ class ReadOnlyFS:
 
     def truncate(self, path: str, length: int) -> int:
         raise read_only(path)
+
+    def ftruncate(self, fh: int, length: int) -> int:
+        raise read_only()
 
     def mkdir(self, path: str, mode: int = 0o755) -> int:
         raise read_only(path)

@@ -141,6 +141,13 @@ class WritableFS(ReadOnlyFS):
             self._counts["getattrs"] += 1
         return self.stat_dict(self._attrs(path))
 
+    def fgetattr(self, fh: int) -> dict[str, int]:
+        with self._lock:
+            handle = self._handles.get(fh)
+        if handle is None:
+            return super().fgetattr(fh)
+        return self.stat_dict(self._staged_attrs(handle.staged))
+
     def access(self, path: str, mode: int) -> None:
         self._attrs(path)
 
@@ -406,6 +413,14 @@ class WritableFS(ReadOnlyFS):
         finally:
             # truncate(2) on a path no one has open: publish it now.
             self._detach(staged, upload=alone, why="truncate")
+        return 0
+
+    def ftruncate(self, fh: int, length: int) -> int:
+        with self._lock:
+            handle = self._handles.get(fh)
+        if handle is None or not handle.writable:
+            raise _error(errno.EBADF)
+        self.writeback.truncate(handle.staged, length)
         return 0
 
     def flush(self, fh: int) -> None:
