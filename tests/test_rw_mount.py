@@ -405,3 +405,61 @@ def test_attribute_ttl_is_finite_by_default(
     assert time.monotonic() - started < 5  # 2 s in the daemon and the kernel
     assert (mp / "theirs.txt").read_bytes() == b"written elsewhere"
     unmount_ok(mounts, mp, env)
+
+
+def test_concurrent_writers_and_readers(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    bodies = {f"w{t}/f{i}.bin": random.Random(t * 100 + i).randbytes(i * 70_001) for t in range(6)
+              for i in range(8)}  # fmt: skip
+    for t in range(6):
+        os.mkdir(mp / f"w{t}")
+
+    def work(t: int) -> None:
+        for i in range(8):
+            name = f"w{t}/f{i}.bin"
+            with open(mp / name, "wb") as f:
+                f.write(bodies[name])
+            assert (mp / name).read_bytes() == bodies[name]
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(work, range(6)))
+    for name, body in bodies.items():
+        assert blob(azure_store, "out/" + name) == body, name
+    unmount_ok(mounts, mp, env)
+
+
+def test_unmount_with_a_file_still_open_names_it_and_exits_4(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    (mp / "done.txt").write_bytes(b"done")
+    fd = os.open(mp / "busy.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"first")
+        pid = mounts.daemon(mp)
+        # Starting a process closes its copy of fd (close-on-exec): a flush, so
+        # "first" is uploaded; what is written after it is not, once forced.
+        proc = subprocess.Popen(
+            [EXE, "unmount", str(mp), "--timeout", "2"], env=env, stderr=subprocess.PIPE, text=True
+        )
+        time.sleep(0.5)
+        os.write(fd, b" and more")
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 4, err
+        assert "out/busy.bin" in err and "done.txt" not in err
+        assert wait_for(lambda: not alive(pid))
+        assert not mounted(mp)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    assert blob(azure_store, "out/busy.bin") == b"first"
+    assert blob(azure_store, "out/done.txt") == b"done"
+    assert [p.read_bytes() for p in staging_dir(mounts).glob("*.data")] == [b"first and more"]
