@@ -315,3 +315,25 @@ def test_random_operations_match_a_model(tmp_path: Path, seed: int) -> None:
     assert store.data("out/f") == bytes(model)
     assert store.stat("out/f").content_md5 == md5(bytes(model))
     assert list((tmp_path / "s").glob("*.data")) == []
+
+
+def test_uri_file_mount_holds_its_one_name(tmp_path: Path) -> None:
+    store = MemoryStore({"out/other.txt": b"not shown"})
+    writeback = WriteBack(store, tmp_path / "s", WriteBackOptions(block_size=BLOCK))
+    namespace = Namespace(store, "", file_key="out/model.pkl", ttl=2.0)
+    fs = WritableFS(namespace, DirectReader(store), writeback, store_id="mem")
+    assert [n for n, _, _ in fs.readdir(fs.opendir("/"), 0)] == [".", ".."]
+    write_file(fs, "/model.pkl", b"v1")
+    assert store.data("out/model.pkl") == b"v1"
+    assert [n for n, _, _ in fs.readdir(fs.opendir("/"), 0)] == [".", "..", "model.pkl"]
+    fh = fs.open("/model.pkl", os.O_WRONLY | os.O_APPEND).fh
+    fs.write("/model.pkl", b"+v2", 2, fh)
+    fs.flush(fh)
+    fs.release(fh)
+    assert store.data("out/model.pkl") == b"v1+v2"
+    assert errno_of(fs.create, "/other.txt", 0o644, W) == errno.EACCES
+    assert errno_of(fs.mkdir, "/d", 0o755) == errno.EACCES
+    assert errno_of(fs.rename, "/model.pkl", "/m2") == errno.EACCES
+    assert errno_of(fs.getattr, "/other.txt") == errno.ENOENT
+    fs.unlink("/model.pkl")
+    assert errno_of(store.stat, "out/model.pkl") == errno.ENOENT

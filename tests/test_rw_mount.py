@@ -463,3 +463,28 @@ def test_unmount_with_a_file_still_open_names_it_and_exits_4(
     assert blob(azure_store, "out/busy.bin") == b"first"
     assert blob(azure_store, "out/done.txt") == b"done"
     assert [p.read_bytes() for p in staging_dir(mounts).glob("*.data")] == [b"first and more"]
+
+
+def test_uri_file_output(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    azurite.seed(container, {"out/sibling.txt": b"not in this mount"})
+    env = env_for(azurite, tmp_path, container)
+    spec = tmp_path / "file.yaml"
+    spec.write_text(
+        "outputs:\n  model: {type: uri_file, "
+        "path: 'azureml://datastores/store/paths/out/model.pkl', mode: rw_mount}\n"
+    )
+    mp = mounts.point(tmp_path / "mnt")
+    out = datamount("mount", str(spec), str(mp), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"{mp / 'model.pkl'}\n"
+    assert os.listdir(mp) == []
+    body = rng.randbytes(BLOCK_SIZE + 10)
+    (mp / "model.pkl").write_bytes(body)
+    assert os.listdir(mp) == ["model.pkl"]
+    with pytest.raises(PermissionError):
+        (mp / "other.txt").write_bytes(b"x")
+    assert blob(azure_store, "out/model.pkl") == body
+    assert azure_store.stat("out/model.pkl").content_md5 == md5(body)
+    unmount_ok(mounts, mp, env)

@@ -428,9 +428,7 @@ def _rw_mount(
     so a new mount of the same output with the same cache re-uploads what a
     previous one could not."""
     label = f"{entry.direction}s.{entry.name}"
-    if entry.type is DataType.URI_FILE:
-        raise DatamountError(f"{label}: rw_mount of a uri_file is not available yet "
-                             "(use uri_folder, or mode upload)")  # fmt: skip
+    is_file = entry.type is DataType.URI_FILE
     if ctx.settings.attribute_cache_ttl_ms is None:
         rw = ctx.settings.model_copy(update={"attribute_cache_ttl_ms": RW_ATTRIBUTE_TTL_MS})
         ctx = dataclasses.replace(ctx, settings=rw)
@@ -440,6 +438,10 @@ def _rw_mount(
     location = resolve_entry(spec, entry, workspace)
     if location.kind is StorageKind.HTTP:
         raise UriError(f"{label}: cannot write to a public http(s) URL")
+    if is_file and (location.is_folder or not location.key.strip("/")):
+        raise SpecError(f"{label}: a uri_file path must name a file, not a folder")
+    # A uri_file shows as MOUNTPOINT/<its name>, the only name in the mount.
+    path = mountpoint / location.key.rpartition("/")[2] if is_file else mountpoint
     recording = readiness.fd is None
     with contextlib.ExitStack() as cleanup:
         recorder = activity("mount", output=label, mountpoint=mountpoint)
@@ -449,7 +451,8 @@ def _rw_mount(
             store = make_store(settings, location, retry)
             cleanup.callback(store.close)
             try:  # credentials and container checked before anything is mounted
-                next(iter(store.list_pages(location.key, delimiter="/")), None)
+                prefix = location.key.rpartition("/")[0] if is_file else location.key
+                next(iter(store.list_pages(prefix, delimiter="/")), None)
             except StorageError as exc:
                 raise OutputError(f"cannot reach {location.uri()}: {exc}") from None
             if not foreground:
@@ -459,7 +462,7 @@ def _rw_mount(
                     daemon_argv, mountpoint=mountpoint, log_file=settings.log_dir / RUNTIME_LOG
                 )
                 log.info("rw-mounted %s at %s (daemon pid %d)", location.uri(), mountpoint, pid)
-                return mountpoint
+                return path
             stats = MountStats()
             reader = make_reader(settings, store, stats, location)
             cleanup.callback(reader.close)
@@ -474,7 +477,12 @@ def _rw_mount(
                     reserved_free_disk_space=settings.reserved_free_disk_space,
                 ),
             )
-            namespace = Namespace(store, location.key, ttl=attribute_ttl(settings))
+            namespace = Namespace(
+                store,
+                "" if is_file else location.key,
+                file_key=location.key if is_file else None,
+                ttl=attribute_ttl(settings),
+            )
             fs = WritableFS(namespace, reader, writeback, store_id=location.store_root)
             cleanup.callback(fs.close)
             log.info(
@@ -490,14 +498,14 @@ def _rw_mount(
             daemon.start()
         readiness.ok()
         if on_ready is not None:
-            on_ready(mountpoint)
+            on_ready(path)
         daemon.run()
         if daemon.unsaved:
             raise OutputError(
                 f"{label}: {len(daemon.unsaved)} files could not be uploaded (kept in {staging}): "
                 + ", ".join(daemon.unsaved)
             )
-        return mountpoint
+        return path
 
 
 def _check_source(store: ObjectStore, location: StorageLocation, is_file: bool) -> None:

@@ -21,6 +21,8 @@ One job: the write side of the FUSE filesystem, testable without a kernel
   other reader — Azure ML, blobfuse2, Storage Explorer), `rmdir` deletes it
   (ENOTEMPTY when anything is below), `rename` is copy + delete per blob
   (a folder: every blob under it) and is not atomic, `unlink` deletes.
+- A uri_file output (`namespace.file_key`) shows its one name at the root;
+  it can be created, written, truncated and deleted, and no other name (EACCES).
 - chmod, chown and utimens are accepted and ignored: blobs have no owner or
   mode, and their time is the service's last-modified time.
 - The namespace's caches are invalidated by every change made here; the
@@ -85,8 +87,6 @@ class WritableFS(ReadOnlyFS):
         gid: int | None = None,
     ) -> None:
         super().__init__(namespace, reader, store_id=store_id, uid=uid, gid=gid)
-        if namespace.file_key is not None:
-            raise ValueError("WritableFS serves a folder (uri_folder / mltable), not one file")
         self.store = namespace.store
         self.writeback = writeback
         self._stage_lock = threading.Lock()
@@ -98,10 +98,19 @@ class WritableFS(ReadOnlyFS):
     # -- names -------------------------------------------------------------------
 
     def _key(self, rel: str) -> str:
+        if self.namespace.file_key is not None:
+            return self.namespace.file_key
         return self.namespace.prefix + rel
 
     def _rel_of(self, staged: Staged) -> str:
+        if self.namespace.file_key is not None:
+            return self.namespace.file_name or ""
         return staged.key[len(self.namespace.prefix) :]
+
+    def _only_the_file(self, path: str) -> None:
+        """A uri_file mount holds its one name: no other file or folder."""
+        if self.namespace.file_key is not None and path.strip("/") != self.namespace.file_name:
+            raise _error(errno.EACCES, path)
 
     def _staged_attrs(self, staged: Staged) -> Attrs:
         st = os.fstat(staged.fd)
@@ -342,6 +351,7 @@ class WritableFS(ReadOnlyFS):
         rel = path.strip("/")
         if len(split(rel)[1].encode()) > NAME_MAX:
             raise _error(errno.ENAMETOOLONG, path)
+        self._only_the_file(path)
         self._parent_dir(path)
         with self._stage_lock:
             staged = self._attach(rel)
@@ -474,6 +484,8 @@ class WritableFS(ReadOnlyFS):
             raise _error(errno.ENAMETOOLONG, path)
         if self._find(path) is not None:
             raise _error(errno.EEXIST, path)
+        if self.namespace.file_key is not None:
+            raise _error(errno.EACCES, path)
         self._parent_dir(path)
         try:
             self.store.put(self._key(rel) + "/", b"", metadata=FOLDER_METADATA)
@@ -506,6 +518,8 @@ class WritableFS(ReadOnlyFS):
             return 0
         if not o_rel or not n_rel or n_rel.startswith(o_rel + "/"):
             raise _error(errno.EINVAL, old)
+        self._only_the_file(old)
+        self._only_the_file(new)
         source = self._attrs(old)
         self._parent_dir(new)
         target = self._find(new)
