@@ -337,3 +337,15 @@ def test_uri_file_mount_holds_its_one_name(tmp_path: Path) -> None:
     assert errno_of(fs.getattr, "/other.txt") == errno.ENOENT
     fs.unlink("/model.pkl")
     assert errno_of(store.stat, "out/model.pkl") == errno.ENOENT
+
+
+def test_one_daemon_per_staging_folder(tmp_path: Path) -> None:
+    from datamount.errors import OutputError
+
+    first = WriteBack(MemoryStore(), tmp_path / "s", WriteBackOptions())
+    with pytest.raises(
+        OutputError, match=f"in use by another mount of this output \\(pid {os.getpid()}\\)"
+    ):
+        WriteBack(MemoryStore(), tmp_path / "s", WriteBackOptions())
+    first.close()
+    WriteBack(MemoryStore(), tmp_path / "s", WriteBackOptions()).close()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from datamount.errors import OutputError
 from datamount.storage.base import ObjectStore
 from datamount.transfer.progress import Progress
 from datamount.transfer.upload import BLOCK_SIZE, Uploader, UploadOptions
@@ -50,6 +52,7 @@ from datamount.transfer.upload import BLOCK_SIZE, Uploader, UploadOptions
 log = logging.getLogger("datamount.writeback")
 
 JOURNAL = "journal.json"
+LOCK = ".lock"  # flock'd by the daemon that owns the folder; holds its pid
 OPEN, CLOSED, FAILED = "open", "closed", "failed"
 ABANDONED = "abandoned"  # open when a previous daemon died: kept, never uploaded
 
@@ -109,6 +112,7 @@ class WriteBack:
         self.directory = directory
         self.options = options
         directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._take_folder(directory)
         self._lock = threading.Lock()
         self._journal: dict[str, dict[str, str]] = self._load()
         # Upload memory, in blocks, shared by every upload of the mount: one
@@ -124,6 +128,31 @@ class WriteBack:
             "uploads_in_flight": 0,
             "reuploads": 0,
         }
+
+    @staticmethod
+    def _take_folder(directory: Path) -> int:
+        """One daemon per staging folder: two mounts of the same output with the
+        same cache would share (and overwrite) one journal."""
+        fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OutputError(
+                f"staging folder {directory} is in use by another mount of this output "
+                f"(pid {owner}): unmount it first, or use another cache folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    def close(self) -> None:
+        """Release the staging folder (staged files and journal stay)."""
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = -1
 
     # -- the journal -------------------------------------------------------------
 

@@ -657,6 +657,9 @@ class WritableFS(ReadOnlyFS):
             self._recovery.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
             pending = [s for s in self._staged.values() if s.dirty and s.handles == 0]
+        if pending:
+            log.info("unmount: %d files to upload before leaving (%.0f s at most)",
+                     len(pending), timeout)  # fmt: skip
         for staged in pending:
             if time.monotonic() >= deadline:
                 break
@@ -687,4 +690,5 @@ class WritableFS(ReadOnlyFS):
                 self.writeback.abandon(s)  # kept, with its journal entry
             else:
                 self.writeback.discard(s)
+        self.writeback.close()
         super().close()
