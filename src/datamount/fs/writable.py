@@ -28,12 +28,13 @@ One job: the write side of the FUSE filesystem, testable without a kernel
 - The namespace's caches are invalidated by every change made here; the
   kernel's own caches follow its dentries.
 
+The table of staged files and their lifecycle is `fs.staged.StagedFiles`.
+
 Threads: any FUSE thread. `_lock` (ReadOnlyFS's) guards the handle tables
-and the staged map and is never held across I/O; `_stage_lock` makes the
-choice "attach to the staged file of this path or create it" atomic; the copy
-of an existing blob runs after it is released (`Staged.ready`: later openers
-of that path wait for the copy, other paths do not). Imports `fs.ops`,
-`fs.namespace`, `writeback`, `reader`, `blocks`, `errors`.
+and counters and is never held across I/O; `staged.choosing` makes "attach
+to the staged file of this path or create it", renames and unlinks atomic
+(the copy of an existing blob runs after it is released). Imports `fs.ops`,
+`fs.staged`, `fs.namespace`, `writeback`, `reader`, `errors`.
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from datamount.blocks import ObjectId
 from datamount.errors import ObjectNotFound
 from datamount.fs.namespace import Attrs, Namespace, split
 from datamount.fs.ops import NAME_MAX, Opened, ReadOnlyFS, _DirStream, _error
+from datamount.fs.staged import StagedFiles
 from datamount.reader import Reader
 from datamount.writeback import Staged, WriteBack
 
@@ -89,39 +90,22 @@ class WritableFS(ReadOnlyFS):
         super().__init__(namespace, reader, store_id=store_id, uid=uid, gid=gid)
         self.store = namespace.store
         self.writeback = writeback
-        self._stage_lock = threading.Lock()
-        self._staged: dict[str, Staged] = {}  # path relative to the mount -> its staged file
+        self.staged = StagedFiles(namespace, reader, writeback, store_id=store_id)
         self._handles: dict[int, _Handle] = {}
         self._recovery: threading.Thread | None = None
         self._counts.update(writes=0, bytes_written=0, creates=0, mkdirs=0, renames=0, deletes=0)
 
     # -- names -------------------------------------------------------------------
 
-    def _key(self, rel: str) -> str:
-        if self.namespace.file_key is not None:
-            return self.namespace.file_key
-        return self.namespace.prefix + rel
-
-    def _rel_of(self, staged: Staged) -> str:
-        if self.namespace.file_key is not None:
-            return self.namespace.file_name or ""
-        return staged.key[len(self.namespace.prefix) :]
-
     def _only_the_file(self, path: str) -> None:
         """A uri_file mount holds its one name: no other file or folder."""
         if self.namespace.file_key is not None and path.strip("/") != self.namespace.file_name:
             raise _error(errno.EACCES, path)
 
-    def _staged_attrs(self, staged: Staged) -> Attrs:
-        st = os.fstat(staged.fd)
-        return Attrs(is_dir=False, size=st.st_size, mtime=st.st_mtime, key=staged.key)
-
     def _attrs(self, path: str) -> Attrs:
-        rel = path.strip("/")
-        with self._lock:
-            staged = self._staged.get(rel)
-        if staged is not None and staged.ready.is_set():
-            return self._staged_attrs(staged)
+        staged = self.staged.visible(path.strip("/"))
+        if staged is not None:
+            return self.staged.attrs(staged)
         return self.namespace.getattr(path)  # (a blob being copied in: its stored size)
 
     def _find(self, path: str) -> Attrs | None:
@@ -155,7 +139,7 @@ class WritableFS(ReadOnlyFS):
             handle = self._handles.get(fh)
         if handle is None:
             return super().fgetattr(fh)
-        return self.stat_dict(self._staged_attrs(handle.staged))
+        return self.stat_dict(self.staged.attrs(handle.staged))
 
     def access(self, path: str, mode: int) -> None:
         self._attrs(path)
@@ -179,14 +163,8 @@ class WritableFS(ReadOnlyFS):
         attrs = self._attrs(path)
         if not attrs.is_dir:
             raise _error(errno.ENOTDIR, path)
-        rel = path.strip("/")
-        with self._lock:
-            local = {
-                split(r)[1]: s
-                for r, s in self._staged.items()
-                if split(r)[0] == rel and r != rel and s.ready.is_set()
-            }
-        overlay = {name: self._staged_attrs(s) for name, s in local.items()}
+        local = self.staged.in_dir(path.strip("/"))
+        overlay = {name: self.staged.attrs(s) for name, s in local.items()}
         listing = self.namespace.list_dir(path)
 
         def merged() -> Iterator[tuple[str, dict[str, int]]]:
@@ -202,72 +180,11 @@ class WritableFS(ReadOnlyFS):
         return dh
 
     def _is_empty(self, path: str) -> bool:
-        rel = path.strip("/")
-        with self._lock:
-            if any(r.startswith(rel + "/") for r in self._staged):
-                return False
+        if self.staged.any_below(path.strip("/")):
+            return False
         return next(iter(self.namespace.list_dir(path)), None) is None
 
-    # -- staged files ----------------------------------------------------------------
-
-    def _attach(self, rel: str) -> Staged | None:
-        with self._lock:
-            staged = self._staged.get(rel)
-            if staged is not None:
-                staged.handles += 1
-            return staged
-
-    def _stage(self, rel: str, *, copy: Attrs | None) -> tuple[Staged, Attrs | None]:
-        """A new staged file for `rel`, registered, with one handle. Called with
-        _stage_lock held; returns the blob version the caller must copy in
-        (`_fill`, outside the lock) before using it, if any."""
-        staged = self.writeback.create(self._key(rel))
-        staged.handles = 1
-        fill = copy if copy is not None and copy.size else None
-        if fill is not None:
-            staged.ready.clear()  # later openers of this path wait for the copy
-        with self._lock:
-            self._staged[rel] = staged
-        return staged, fill
-
-    def _fill(self, staged: Staged, attrs: Attrs | None) -> None:
-        """Copy blob version `attrs` into a new staged file (no lock held: opens
-        of other paths go on meanwhile). On failure every handle gets the error."""
-        if attrs is None:
-            return
-        try:
-            obj = ObjectId(self.store_id, attrs.key, attrs.etag, attrs.size)
-            handle = self.reader.open(obj)
-            try:
-                self.writeback.fill(staged, attrs.size, handle.read)
-            finally:
-                handle.close()
-        except Exception as exc:
-            staged.error = exc if isinstance(exc, OSError) else _error(errno.EIO, staged.key)
-            with self._lock:
-                rel = self._rel_of(staged)
-                if self._staged.get(rel) is staged:
-                    del self._staged[rel]
-            staged.ready.set()
-            self._unwind(staged)
-            raise staged.error from exc
-        staged.ready.set()
-
-    def _wait_ready(self, staged: Staged) -> None:
-        """An opener that attached to a staged file still being copied in."""
-        staged.ready.wait()
-        if staged.error is not None:
-            self._unwind(staged)
-            raise staged.error
-
-    def _unwind(self, staged: Staged) -> None:
-        """Give back the handle of an open that failed; the last one removes it."""
-        with self._lock:
-            staged.handles -= 1
-            last = staged.handles == 0
-            self._idle.notify_all()
-        if last:
-            self.writeback.discard(staged)
+    # -- handles ---------------------------------------------------------------------
 
     def _open_handle(self, staged: Staged, writable: bool) -> Opened:
         with self._lock:
@@ -276,46 +193,6 @@ class WritableFS(ReadOnlyFS):
             self._counts["opens"] += 1
         return Opened(fh, keep_cache=False)
 
-    def _upload(self, staged: Staged, why: str) -> None:
-        try:
-            self.writeback.upload(staged, why=why)
-        finally:
-            # the next lookup (after the staged file is dropped) sees the new etag
-            self.namespace.invalidate("/" + self._rel_of(staged))
-
-    def _detach(self, staged: Staged, *, upload: bool, why: str) -> None:
-        """One handle less; upload when asked or when it was the last one."""
-        with self._lock:
-            staged.handles -= 1
-            last = staged.handles == 0
-            self._idle.notify_all()
-        try:
-            if last:
-                self.writeback.close_dirty(staged)
-            if (upload or last) and staged.dirty:
-                self._upload(staged, why)
-        finally:
-            if last:
-                self._drop_if_done(staged)
-
-    def _drop_if_done(self, staged: Staged) -> None:
-        """A staged file with no handle and nothing to upload goes away."""
-        with self._lock:
-            if staged.handles or staged.dirty:
-                return
-            rel = self._rel_of(staged)
-            if self._staged.get(rel) is staged:
-                del self._staged[rel]
-        self.writeback.discard(staged)
-
-    def _forget(self, staged: Staged) -> None:
-        """Unlinked or replaced: never uploaded; its file goes with the last handle."""
-        self.writeback.forget(staged)
-        with self._lock:
-            idle = staged.handles == 0
-        if idle:
-            self.writeback.discard(staged)
-
     # -- files -----------------------------------------------------------------------
 
     def open(self, path: str, flags: int) -> Opened:
@@ -323,27 +200,27 @@ class WritableFS(ReadOnlyFS):
         writing = flags & os.O_ACCMODE != os.O_RDONLY or bool(flags & _WRITING)
         truncate = writing and bool(flags & os.O_TRUNC)
         fill: Attrs | None = None
-        with self._stage_lock:
-            staged = self._attach(rel)
+        with self.staged.choosing:
+            staged = self.staged.attach(rel)
             if staged is None:
                 if not writing:
                     return super().open(path, flags & ~(os.O_CREAT | os.O_EXCL))
                 attrs = self.namespace.getattr(path)
                 if attrs.is_dir:
                     raise _error(errno.EISDIR, path)
-                staged, fill = self._stage(rel, copy=None if truncate else attrs)
+                staged, fill = self.staged.stage(rel, copy=None if truncate else attrs)
                 created = True
             else:
                 created = False
         if created:
-            self._fill(staged, fill)
+            self.staged.fill(staged, fill)
         else:
-            self._wait_ready(staged)
+            self.staged.wait_ready(staged)
         if truncate:
             try:
                 self.writeback.truncate(staged, 0)
             except BaseException:
-                self._detach(staged, upload=False, why="open")
+                self.staged.unwind(staged)
                 raise
         return self._open_handle(staged, writing)
 
@@ -353,21 +230,21 @@ class WritableFS(ReadOnlyFS):
             raise _error(errno.ENAMETOOLONG, path)
         self._only_the_file(path)
         self._parent_dir(path)
-        with self._stage_lock:
-            staged = self._attach(rel)
+        with self.staged.choosing:
+            staged = self.staged.attach(rel)
             if staged is not None and flags & os.O_EXCL:
-                self._unwind(staged)
+                self.staged.unwind(staged)
                 raise _error(errno.EEXIST, path)
             if staged is None:
-                staged, _ = self._stage(rel, copy=None)
-        self._wait_ready(staged)
+                staged, _ = self.staged.stage(rel, copy=None)
+        self.staged.wait_ready(staged)
         try:
             if staged.size():
                 self.writeback.truncate(staged, 0)
             else:
                 self.writeback.mark_dirty(staged)  # an empty new file is uploaded too
         except BaseException:
-            self._detach(staged, upload=False, why="create")
+            self.staged.unwind(staged)
             raise
         with self._lock:
             self._counts["creates"] += 1
@@ -376,12 +253,11 @@ class WritableFS(ReadOnlyFS):
     def read(self, fh: int, offset: int, size: int) -> bytes:
         with self._lock:
             handle = self._handles.get(fh)
-            staged = handle.staged if handle is not None else None
-            if staged is None and fh in self._files:
-                # opened read-only before a writer staged the path: show the writes
-                staged = self._staged.get(self._files[fh].path.strip("/"))
-                if staged is not None and not staged.ready.is_set():
-                    staged = None  # still a copy of the version this handle reads
+            file = self._files.get(fh)
+        staged = handle.staged if handle is not None else None
+        if staged is None and file is not None:
+            # opened read-only before a writer staged the path: show the writes
+            staged = self.staged.visible(file.path.strip("/"))
         if staged is None:
             return super().read(fh, offset, size)
         data = staged.read(offset, size)
@@ -404,8 +280,8 @@ class WritableFS(ReadOnlyFS):
     def truncate(self, path: str, length: int) -> int:
         rel = path.strip("/")
         fill: Attrs | None = None
-        with self._stage_lock:
-            staged = self._attach(rel)
+        with self.staged.choosing:
+            staged = self.staged.attach(rel)
             alone = staged is None
             if staged is None:
                 attrs = self.namespace.getattr(path)
@@ -413,16 +289,16 @@ class WritableFS(ReadOnlyFS):
                     raise _error(errno.EISDIR, path)
                 if attrs.size == length:
                     return 0
-                staged, fill = self._stage(rel, copy=attrs if length else None)
+                staged, fill = self.staged.stage(rel, copy=attrs if length else None)
         if alone:
-            self._fill(staged, fill)
+            self.staged.fill(staged, fill)
         else:
-            self._wait_ready(staged)
+            self.staged.wait_ready(staged)
         try:
             self.writeback.truncate(staged, length)
         finally:
             # truncate(2) on a path no one has open: publish it now.
-            self._detach(staged, upload=alone, why="truncate")
+            self.staged.detach(staged, upload=alone, why="truncate")
         return 0
 
     def ftruncate(self, fh: int, length: int) -> int:
@@ -438,23 +314,24 @@ class WritableFS(ReadOnlyFS):
             handle = self._handles.get(fh)
         if handle is not None and handle.writable:
             self.writeback.close_dirty(handle.staged)
-            self._upload(handle.staged, "close")
+            self.staged.upload(handle.staged, "close")
 
     def fsync(self, fh: int) -> None:
         with self._lock:
             handle = self._handles.get(fh)
         if handle is not None:
-            self._upload(handle.staged, "fsync")
+            self.staged.upload(handle.staged, "fsync")
 
     def release(self, fh: int) -> None:
         with self._lock:
             handle = self._handles.pop(fh, None)
+            self._idle.notify_all()
         if handle is None:
             super().release(fh)
             return
         # A failed upload is already logged; the bytes stay staged (journal).
         with contextlib.suppress(OSError):
-            self._detach(handle.staged, upload=handle.writable, why="release")
+            self.staged.detach(handle.staged, upload=handle.writable, why="release")
 
     # -- names: unlink, mkdir, rmdir, rename -----------------------------------------
 
@@ -462,13 +339,12 @@ class WritableFS(ReadOnlyFS):
         rel = path.strip("/")
         if self._attrs(path).is_dir:
             raise _error(errno.EISDIR, path)
-        with self._stage_lock:
-            with self._lock:
-                staged = self._staged.pop(rel, None)
+        with self.staged.choosing:
+            staged = self.staged.pop(rel)
             if staged is not None:
-                self._forget(staged)
+                self.staged.forget(staged)
             try:
-                self.store.delete(self._key(rel))
+                self.store.delete(self.staged.key(rel))
             except ObjectNotFound:
                 if staged is None:
                     raise _error(errno.ENOENT, path) from None
@@ -488,7 +364,7 @@ class WritableFS(ReadOnlyFS):
             raise _error(errno.EACCES, path)
         self._parent_dir(path)
         try:
-            self.store.put(self._key(rel) + "/", b"", metadata=FOLDER_METADATA)
+            self.store.put(self.staged.key(rel) + "/", b"", metadata=FOLDER_METADATA)
         finally:
             self.namespace.invalidate(path)
         with self._lock:
@@ -505,7 +381,7 @@ class WritableFS(ReadOnlyFS):
         if not self._is_empty(path):
             raise _error(errno.ENOTEMPTY, path)
         try:
-            self.store.delete(self._key(rel) + "/")
+            self.store.delete(self.staged.key(rel) + "/")
         except ObjectNotFound:
             pass  # a folder with no marker (its last blob went): nothing stored
         finally:
@@ -540,13 +416,12 @@ class WritableFS(ReadOnlyFS):
         return 0
 
     def _rename_file(self, o_rel: str, n_rel: str) -> None:
-        old_key, new_key = self._key(o_rel), self._key(n_rel)
-        with self._stage_lock:
-            with self._lock:
-                staged = self._staged.pop(o_rel, None)
-                replaced = self._staged.pop(n_rel, None)
+        old_key, new_key = self.staged.key(o_rel), self.staged.key(n_rel)
+        with self.staged.choosing:
+            staged = self.staged.pop(o_rel)
+            replaced = self.staged.pop(n_rel)
             if replaced is not None:
-                self._forget(replaced)
+                self.staged.forget(replaced)
             try:
                 if staged is None:
                     self.store.copy(old_key, new_key)
@@ -558,22 +433,18 @@ class WritableFS(ReadOnlyFS):
                     self.writeback.rekey(staged, new_key)
                     with contextlib.suppress(ObjectNotFound):  # never uploaded under it
                         self.store.delete(old_key)
-                with self._lock:
-                    self._staged[n_rel] = staged
+                self.staged.put(staged)
             finally:
                 self.namespace.invalidate("/" + o_rel)
                 self.namespace.invalidate("/" + n_rel)
         if staged is not None and staged.handles == 0 and staged.dirty:
-            self._upload(staged, "rename")
-            self._drop_if_done(staged)
+            self.staged.upload(staged, "rename")
+            self.staged.drop_if_done(staged)
 
     def _rename_dir(self, o_rel: str, n_rel: str) -> None:
-        old_prefix, new_prefix = self._key(o_rel) + "/", self._key(n_rel) + "/"
-        with self._stage_lock:
-            with self._lock:
-                moved = [(r, s) for r, s in self._staged.items() if r.startswith(o_rel + "/")]
-                for r, _ in moved:
-                    del self._staged[r]
+        old_prefix, new_prefix = self.staged.key(o_rel) + "/", self.staged.key(n_rel) + "/"
+        with self.staged.choosing:
+            moved = self.staged.pop_below(o_rel)
             try:
                 keys = [
                     obj.key for page in self.store.list_pages(old_prefix) for obj in page.objects
@@ -589,8 +460,7 @@ class WritableFS(ReadOnlyFS):
                 for r, staged in moved:
                     with staged.lock:
                         self.writeback.rekey(staged, new_prefix + r[len(o_rel) + 1 :])
-                    with self._lock:
-                        self._staged[self._rel_of(staged)] = staged
+                    self.staged.put(staged)
                 self.namespace.invalidate_tree("/" + o_rel)
                 self.namespace.invalidate_tree("/" + n_rel)
         log.info("renamed folder %s -> %s: %d blobs copied and deleted",
@@ -622,17 +492,16 @@ class WritableFS(ReadOnlyFS):
         recovered = self.writeback.recover()
         if not recovered:
             return 0
-        with self._lock:
-            for staged in recovered:
-                self._staged[self._rel_of(staged)] = staged
+        for staged in recovered:
+            self.staged.put(staged)
 
         def run() -> None:
             for staged in recovered:
                 try:
-                    self._upload(staged, "recovery")
+                    self.staged.upload(staged, "recovery")
                 except OSError:
                     continue  # logged; stays staged for the unmount retry
-                self._drop_if_done(staged)
+                self.staged.drop_if_done(staged)
 
         self._recovery = threading.Thread(target=run, name="reupload", daemon=True)
         self._recovery.start()
@@ -655,8 +524,7 @@ class WritableFS(ReadOnlyFS):
         deadline = time.monotonic() + timeout
         if self._recovery is not None:
             self._recovery.join(max(0.0, deadline - time.monotonic()))
-        with self._lock:
-            pending = [s for s in self._staged.values() if s.dirty and s.handles == 0]
+        pending = [s for s in self.staged.all() if s.dirty and s.handles == 0]
         if pending:
             log.info("unmount: %d files to upload before leaving (%.0f s at most)",
                      len(pending), timeout)  # fmt: skip
@@ -664,10 +532,10 @@ class WritableFS(ReadOnlyFS):
             if time.monotonic() >= deadline:
                 break
             try:
-                self._upload(staged, "unmount retry")
+                self.staged.upload(staged, "unmount retry")
             except OSError:
                 continue
-            self._drop_if_done(staged)
+            self.staged.drop_if_done(staged)
         unsaved = self.writeback.unsaved()
         for key in unsaved:
             log.error("not uploaded, kept in staging %s: %s", self.writeback.directory, key)
@@ -677,18 +545,12 @@ class WritableFS(ReadOnlyFS):
         counts = super().counters()
         with self._lock:
             counts["open_files"] += len(self._handles)
-            counts["staged_files"] = len(self._staged)
+        counts["staged_files"] = len(self.staged.all())
         counts.update(self.writeback.counters())
         return counts
 
     def close(self) -> None:
         with self._lock:
-            staged, self._staged = list(self._staged.values()), {}
             self._handles.clear()
-        for s in staged:
-            if s.dirty:
-                self.writeback.abandon(s)  # kept, with its journal entry
-            else:
-                self.writeback.discard(s)
-        self.writeback.close()
+        self.staged.close()  # what is not uploaded stays staged, with its journal entry
         super().close()
