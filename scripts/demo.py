@@ -137,6 +137,8 @@ def main() -> int:
         titanic = workspace.resolve(spec.entry("titanic").location)
         head = open_store(titanic).read(titanic.key, 0, 33)
         print(f"  {titanic.uri()} first bytes: {head!r}")
+        outputs = [o.key for page in store.list_pages("demo-train/") for o in page.objects]
+        print(f"  the job's outputs in storage: {outputs}")
         print(f"\nLogs: {workdir / 'cache' / 'logs'}")
         return 0
     finally:

@@ -13,7 +13,11 @@ chunked, relayed as they arrive). Rules, each consumed as it fires:
   status line, the headers and half of the body reach the client, then the
   connection is reset (RST);
 - `deny(blob, status=403)`: every GET of a blob whose path ends with `/blob`
-  is answered `status` (AuthorizationPermissionMismatch) until `allow(blob)`.
+  is answered `status` (AuthorizationPermissionMismatch) until `allow(blob)`;
+- `fail_writes(n, status=503)`: the next `n` PUTs (Put Blob, Put Block, Put
+  Block List) are answered `status` with `Retry-After: 0` (never forwarded);
+- `deny_writes(blob, status=403)`: every PUT of a blob whose path ends with
+  `/blob` is answered `status` until `allow_writes(blob)`.
 
 `requests` records (method, path, range, status) of every answer, `reset()`
 forgets them. Threads: the accept loop and one daemon thread per client
@@ -156,6 +160,8 @@ class FaultProxy:
         self._fail: list[int] = []  # statuses of the next ranged GETs to fail
         self._resets = 0
         self._denied: dict[str, int] = {}
+        self._fail_writes: list[int] = []
+        self._denied_writes: dict[str, int] = {}
         self._requests: list[Request] = []
         self._sockets: set[socket.socket] = set()
         proxy = self
@@ -196,6 +202,18 @@ class FaultProxy:
     def allow(self, blob: str) -> None:
         with self._lock:
             self._denied.pop(blob.strip("/"), None)
+
+    def fail_writes(self, n: int, status: int = 503) -> None:
+        with self._lock:
+            self._fail_writes += [status] * n
+
+    def deny_writes(self, blob: str, status: int = 403) -> None:
+        with self._lock:
+            self._denied_writes[blob.strip("/")] = status
+
+    def allow_writes(self, blob: str) -> None:
+        with self._lock:
+            self._denied_writes.pop(blob.strip("/"), None)
 
     def pending(self) -> tuple[int, int]:
         """(failures, resets) still to fire."""
@@ -249,9 +267,17 @@ class FaultProxy:
     def _rule(self, head: _Head) -> tuple[str, int]:
         """What to do with this request: ("", 0) forward it untouched."""
         method, target = head.first.decode("latin-1").split()[:2]
+        path = unquote(urlsplit(target).path)
+        if method == "PUT":
+            with self._lock:
+                for blob, status in self._denied_writes.items():
+                    if path.endswith("/" + blob):
+                        return "deny", status
+                if self._fail_writes:
+                    return "fail", self._fail_writes.pop(0)
+            return "", 0
         if method != "GET":
             return "", 0
-        path = unquote(urlsplit(target).path)
         ranged = bool(head.get("x-ms-range") or head.get("range"))
         with self._lock:
             for blob, status in self._denied.items():

@@ -42,7 +42,8 @@ def test_oserrors_keep_their_errno() -> None:
     a = adapter(MemoryStore({"ds/f": b"x"}))
     assert fuse_errno(a.getattr, "/missing") == errno.ENOENT
     assert fuse_errno(a.mkdir, "/d", 0o755) == errno.EROFS
-    assert fuse_errno(a.write, "/f", b"x", 0, 1) == errno.EROFS
+    # raw_fi=True: mfusepy hands write its fuse_file_info
+    assert fuse_errno(a.write, "/f", b"x", 0, SimpleNamespace(fh=1)) == errno.EROFS
 
 
 def test_unexpected_exceptions_become_eio_with_a_traceback(
@@ -82,3 +83,27 @@ def test_kernel_timeouts_follow_the_attribute_ttl(ttl: float | None, expected: f
     assert config.attr_timeout == config.entry_timeout == config.negative_timeout == expected
     assert config.kernel_cache == 0 and config.direct_io == 0  # keep_cache is per open
     assert conn.max_write == MAX_IO and ready == [True]
+
+
+def test_writable_fs_through_the_adapter(tmp_path) -> None:  # noqa: ANN001
+    from datamount.fs.writable import WritableFS
+    from datamount.writeback import WriteBack, WriteBackOptions
+
+    store = MemoryStore({"ds/f": b"x"})
+    writeback = WriteBack(store, tmp_path / "staging", WriteBackOptions())
+    fs = WritableFS(Namespace(store, "ds", ttl=2.0), DirectReader(store), writeback, store_id="m")
+    a = Adapter(fs, ttl_seconds=2.0, on_ready=lambda: None)
+    fi = SimpleNamespace(flags=os.O_WRONLY | os.O_CREAT, fh=0, keep_cache=1, direct_io=1)
+    assert a.create("/new", 0o100644, fi) == 0
+    assert fi.fh and (fi.keep_cache, fi.direct_io) == (0, 0)
+    assert a.write("/new", b"hello", 0, fi) == 5
+    assert a.fsync("/new", 0, fi) == 0
+    assert store.data("ds/new") == b"hello"
+    assert a.flush("/new", fi) == 0 and a.release("/new", fi) == 0
+    assert a.mkdir("/d", 0o755) == 0 and a.rmdir("/d") == 0
+    assert a.rename("/new", "/renamed") == 0 and a.unlink("/renamed") == 0
+    assert a.chmod("/f", 0o600) == a.chown("/f", 0, 0) == a.utimens("/f", None) == 0
+    assert fuse_errno(a.rmdir, "/f") == errno.ENOTDIR
+    assert sorted(k for p in store.list_pages("ds/") for k in [o.key for o in p.objects]) == [
+        "ds/f"
+    ]

@@ -29,7 +29,7 @@ SOURCE = {
 }
 TRAIN_SH = """\
 set -eu
-train="$1"; cfg="$2"; raw="$3"; epochs="$4"; lr="$5"; model="$6"; metrics="$7"
+train="$1"; cfg="$2"; raw="$3"; epochs="$4"; lr="$5"; model="$6"; metrics="$7"; ckpt="${8:-}"
 cp "$train/a.txt" "$model/a.txt"
 mkdir -p "$model/deep"
 sha256sum "$train/sub/b.bin" | cut -d' ' -f1 > "$model/deep/b.sha256"
@@ -37,6 +37,11 @@ cp "$cfg" "$model/config.json"
 printf 'raw=%s\\nepochs=%s\\nlr=%s\\nvar=%s\\npwd=%s\\n' "$raw" "$epochs" "$lr" "$MY_VAR" "$PWD" \\
     > "$model/args.txt"
 echo '{"accuracy": 0.9}' > "$metrics"
+if [ -n "$ckpt" ]; then
+    mkdir -p "$ckpt/epochs"
+    head -c 3000000 "$train/sub/b.bin" > "$ckpt/epochs/e1.bin"
+    mv "$ckpt/epochs/e1.bin" "$ckpt/epochs/final.bin"
+fi
 echo "trained for $epochs epochs"
 """
 
@@ -104,9 +109,14 @@ def test_run_every_mode_end_to_end(
     azurite, container, seeded, tmp_path: Path, mounts: Mounts
 ) -> None:
     env = mount_env(azurite, tmp_path, seeded)
-    job = job_file(tmp_path, FULL)
+    job = job_file(tmp_path, FULL + " ${{outputs.ckpt}}")
+    spec = yaml.safe_load(job.read_text())
+    spec["outputs"]["ckpt"] = {"type": "uri_folder", "mode": "rw_mount", "name": "ckpt",
+                               "path": "azureml://datastores/store/paths/out/ckpt/"}  # fmt: skip
+    job.write_text(yaml.safe_dump(spec))
     workdir = tmp_path / "work"
     mounts.point(workdir / "inputs" / "train")
+    mounts.point(workdir / "outputs" / "ckpt")
     out = datamount("run", str(job), "--workdir", str(workdir), env=env)
     assert out.returncode == 0, out.stderr
     assert "trained for 3 epochs" in out.stdout  # the command's own output streams through
@@ -122,6 +132,11 @@ def test_run_every_mode_end_to_end(
     assert (args["epochs"], args["lr"], args["var"]) == ("3", "0.5", "hello")
     assert args["pwd"] == str(tmp_path / "src")
     assert json.loads(blob(container, "out/metrics.json")) == {"accuracy": 0.9}
+    # The rw_mount output: written (and renamed) through FUSE, in storage after the run.
+    assert blob(container, "out/ckpt/epochs/final.bin") == SOURCE["data/train/sub/b.bin"][:3000000]
+    assert not list(container.list_blobs(name_starts_with="out/ckpt/epochs/e1"))
+    assert not mounted(workdir / "outputs" / "ckpt")
+    assert registry(tmp_path)["ckpt"][0]["path"] == "azureml://datastores/store/paths/out/ckpt/"
 
     assert registry(tmp_path)["mymodel"][0] | {"created": None} == {
         "version": "1", "type": "uri_folder", "job": "testjob", "created": None,

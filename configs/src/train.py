@@ -11,6 +11,7 @@ parser.add_argument("--data", required=True)
 parser.add_argument("--table", required=True)
 parser.add_argument("--epochs", type=int, default=1)
 parser.add_argument("--out", required=True)
+parser.add_argument("--checkpoints", help="written epoch by epoch (an rw_mount output)")
 args = parser.parse_args()
 
 images = sorted(
@@ -24,6 +25,9 @@ with open(args.table, newline="") as f:
 survived = sum(row["Survived"] == "1" for row in rows)
 for epoch in range(1, args.epochs + 1):
     print(f"epoch {epoch}: {len(images)} images ({total} bytes), {len(rows)} passengers")
+    if args.checkpoints:
+        with open(os.path.join(args.checkpoints, f"epoch-{epoch}.json"), "w") as f:
+            json.dump({"epoch": epoch, "images_seen": epoch * len(images)}, f)
 model = {"images": len(images), "passengers": len(rows), "survival_rate": survived / len(rows)}
 with open(os.path.join(args.out, "model.json"), "w") as f:
     json.dump(model, f)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import logging
 import os
 import re
@@ -31,6 +32,7 @@ from datamount.errors import (
 )
 from datamount.fs.namespace import Namespace
 from datamount.fs.ops import ReadOnlyFS
+from datamount.fs.writable import WritableFS
 from datamount.location import StorageKind, StorageLocation
 from datamount.log import RUNTIME_LOG, activity
 from datamount.reader import Reader
@@ -46,6 +48,7 @@ from datamount.transfer.progress import Progress
 from datamount.transfer.upload import Uploader, UploadOptions, UploadResult
 from datamount.uris import LocationKind, parse
 from datamount.workspace import Workspace, find_workspace
+from datamount.writeback import WriteBack, WriteBackOptions
 
 log = logging.getLogger("datamount.app")
 
@@ -382,10 +385,16 @@ def mount(
         if entry.mode is Mode.DIRECT:
             workspace = ctx.load_workspace(required=False) or Workspace.empty()
             return resolve_entry(spec, entry, workspace).uri()
+        if entry.mode is Mode.RW_MOUNT:
+            return _rw_mount(
+                ctx, spec, entry, mountpoint, foreground=foreground, daemon_argv=daemon_argv,
+                readiness=readiness, on_ready=on_ready,
+            )  # fmt: skip
         if entry.mode is not Mode.RO_MOUNT:
             raise DatamountError(
                 f"{entry.direction}s.{entry.name}: mode {entry.mode.value} is not available yet "
-                "(this build supports: download, ro_mount, eval_download, upload, direct)"
+                "(this build supports: download, ro_mount, rw_mount, eval_download, upload, "
+                "direct)"
             )
         if entry.direction != "input":
             raise SpecError(f"outputs.{entry.name}: ro_mount is an input mode")
@@ -448,6 +457,108 @@ def _ro_mount(
         if on_ready is not None:
             on_ready(path)
         daemon.run()
+        return path
+
+
+# Attributes of an rw_mount expire after 2 s when DATASET_MOUNT_ATTRIBUTE_CACHE_TTL
+# is unset: other writers' changes show up soon; a mount's own writes
+# invalidate its caches at once.
+RW_ATTRIBUTE_TTL_MS = 2000
+
+
+def _rw_mount(
+    ctx: Context,
+    spec: JobSpec,
+    entry: DataInput,
+    mountpoint: Path,
+    *,
+    foreground: bool,
+    daemon_argv: list[str] | None,
+    readiness: mountd.Readiness,
+    on_ready: Callable[[Path], None] | None,
+) -> Path:
+    """rw_mount: the ro_mount stack plus write-back staging (fs.writable,
+    writeback). Staged files live in <cache>/staging/<hash of the output URI>/,
+    so a new mount of the same output with the same cache re-uploads what a
+    previous one could not."""
+    label = f"{entry.direction}s.{entry.name}"
+    is_file = entry.type is DataType.URI_FILE
+    if ctx.settings.attribute_cache_ttl_ms is None:
+        rw = ctx.settings.model_copy(update={"attribute_cache_ttl_ms": RW_ATTRIBUTE_TTL_MS})
+        ctx = dataclasses.replace(ctx, settings=rw)
+    settings = ctx.settings
+    mountpoint = Path(mountd.mount_key(mountpoint))
+    workspace = ctx.load_workspace(required=False) or Workspace.empty()
+    location = resolve_entry(spec, entry, workspace)
+    if location.kind is StorageKind.HTTP:
+        raise UriError(f"{label}: cannot write to a public http(s) URL")
+    if is_file and (location.is_folder or not location.key.strip("/")):
+        raise SpecError(f"{label}: a uri_file path must name a file, not a folder")
+    # A uri_file shows as MOUNTPOINT/<its name>, the only name in the mount.
+    path = mountpoint / location.key.rpartition("/")[2] if is_file else mountpoint
+    recording = readiness.fd is None
+    with contextlib.ExitStack() as cleanup:
+        recorder = activity("mount", output=label, mountpoint=mountpoint)
+        with recorder if recording else contextlib.nullcontext():
+            mountd.prepare_mountpoint(mountpoint, settings.cache_dir)
+            retry = make_retry(settings)
+            store = make_store(settings, location, retry)
+            cleanup.callback(store.close)
+            try:  # credentials and container checked before anything is mounted
+                prefix = location.key.rpartition("/")[0] if is_file else location.key
+                next(iter(store.list_pages(prefix, delimiter="/")), None)
+            except StorageError as exc:
+                raise OutputError(f"cannot reach {location.uri()}: {exc}") from None
+            if not foreground:
+                if daemon_argv is None:
+                    raise DatamountError("mount: no daemon command to start")
+                pid = mountd.spawn(
+                    daemon_argv, mountpoint=mountpoint, log_file=settings.log_dir / RUNTIME_LOG
+                )
+                log.info("rw-mounted %s at %s (daemon pid %d)", location.uri(), mountpoint, pid)
+                return path
+            stats = MountStats()
+            reader = make_reader(settings, store, stats, location)
+            cleanup.callback(reader.close)
+            staging = settings.cache_dir / "staging" / hashlib.sha256(
+                location.uri().encode()
+            ).hexdigest()[:24]  # fmt: skip
+            writeback = WriteBack(
+                store,
+                staging,
+                WriteBackOptions(
+                    threads=settings.downloader_threads,
+                    reserved_free_disk_space=settings.reserved_free_disk_space,
+                ),
+            )
+            namespace = Namespace(
+                store,
+                "" if is_file else location.key,
+                file_key=location.key if is_file else None,
+                ttl=attribute_ttl(settings),
+            )
+            fs = WritableFS(namespace, reader, writeback, store_id=location.store_root)
+            cleanup.callback(fs.close)
+            log.info(
+                "rw_mount %s at %s: staging in %s, attribute TTL %s s, upload blocks of %d B, "
+                "%d upload threads",
+                location.uri(), mountpoint, staging, attribute_ttl(settings),
+                writeback.options.block_size, writeback.options.threads,
+            )  # fmt: skip
+            recovered = fs.start_recovery()
+            if recovered:
+                log.info("re-uploading %d files a previous mount left staged", recovered)
+            daemon = _daemon(ctx, spec, entry, location, fs, stats, mountpoint, retry)
+            daemon.start()
+        readiness.ok()
+        if on_ready is not None:
+            on_ready(path)
+        daemon.run()
+        if daemon.unsaved:
+            raise OutputError(
+                f"{label}: {len(daemon.unsaved)} files could not be uploaded (kept in {staging}): "
+                + ", ".join(daemon.unsaved)
+            )
         return path
 
 

@@ -102,21 +102,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "mount",
         parents=[common],
-        help="make an input available at MOUNTPOINT (the sidecar entry point)",
+        help="make an input or output available at MOUNTPOINT (the sidecar entry point)",
         description=(
             "Prepare one spec entry at MOUNTPOINT as its mode says and return when it is "
-            "ready; prints the path the job should use. ro_mount: a read-only FUSE mount "
+            "ready; prints the path the job should use. ro_mount / rw_mount: a FUSE mount "
             "served by a background daemon (stays attached with --foreground); a uri_file "
-            "shows as MOUNTPOINT/<file name>. download: MOUNTPOINT is the destination."
+            "shows as MOUNTPOINT/<file name>. download / eval_download: MOUNTPOINT is the "
+            "destination. upload: an empty local folder, uploaded by `unmount`. direct: "
+            "prints the URI."
         ),
     )
     p.add_argument("spec", metavar="SPEC", help="spec YAML")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="where the data appears")
-    p.add_argument("--input", metavar="NAME", help="which input (when the spec has several)")
+    p.add_argument(
+        "--input", metavar="NAME", help="which input or output (when the spec has several)"
+    )
     p.add_argument(
         "--foreground",
         action="store_true",
-        help="ro_mount: serve the mount in this process until it is unmounted or signalled",
+        help="FUSE mounts: serve the mount in this process until it is unmounted or signalled",
     )
     # Internal: the daemon's end of the start-up handshake with `mount`.
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -124,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "unmount",
         parents=[common],
-        help="drain and unmount a ro_mount",
+        help="drain and unmount a mount (an upload output: upload it)",
         description=(
             "Wait until no file is open under MOUNTPOINT (at most --timeout seconds), "
             "unmount it and stop its daemon; still busy at the deadline, the unmount is forced."

@@ -49,7 +49,7 @@ log = logging.getLogger("datamount.run")
 
 # Modes `run` can materialise in this build.
 INPUT_MODES = (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT, Mode.EVAL_DOWNLOAD)
-OUTPUT_MODES = (Mode.UPLOAD, Mode.DIRECT)
+OUTPUT_MODES = (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT)
 # Attempts to prepare one input when its failure is transient (each attempt
 # already retried every request AZUREML_DATASET_HTTP_RETRY_COUNT times).
 PREPARE_ATTEMPTS = 3

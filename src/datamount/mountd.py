@@ -22,6 +22,10 @@ to go, and leave nothing behind.
 - `unmount` (the `unmount` command): retries `fusermount3 -u` until the mount
   is no longer busy or the timeout passes, then forces it the same way and
   ends the daemon; the daemon sees its loop end, logs its counters and exits.
+- rw_mount: once its loop has ended the daemon waits (the rest of the drain
+  time) for pending uploads (`fs.finish_writes`); what is still only staged
+  is named in the log and in `<state>.unsaved.json`, and `unmount` then fails
+  with OutputError (exit code 4).
 
 Threads: the caller's (main) thread and libfuse's loop thread with its
 workers. Imports `errors`, `log` and, lazily (it loads libfuse),
@@ -48,7 +52,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from datamount.errors import DataError, DatamountError
+from datamount.errors import DataError, DatamountError, OutputError
 from datamount.log import activity
 
 if TYPE_CHECKING:
@@ -196,6 +200,11 @@ class MountState:
 def state_file(cache_dir: Path, mountpoint: Path) -> Path:
     digest = hashlib.sha256(mount_key(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()
     return cache_dir / "mounts" / f"{digest[:16]}.json"
+
+
+def unsaved_file(state: Path) -> Path:
+    """Where an rw_mount daemon leaves what it could not upload, for `unmount`."""
+    return state.with_name(state.stem + ".unsaved.json")
 
 
 def read_state(cache_dir: Path, mountpoint: Path) -> MountState | None:
@@ -378,6 +387,7 @@ class MountDaemon:
         self._adapter: Adapter | None = None
         self._thread: threading.Thread | None = None
         self._old_handlers: dict[int, Any] = {}
+        self.unsaved: list[str] = []  # rw_mount: blobs whose writes are only staged
 
     @property
     def mountpoint(self) -> Path:
@@ -415,6 +425,7 @@ class MountDaemon:
             self._abandon()
             raise
         self._raise_readahead()
+        unsaved_file(cfg.state_file).unlink(missing_ok=True)  # a previous daemon's answer
         _write_json(cfg.state_file, asdict(cfg.state))
         self._write_stats()
         log.info("mounted %s (%s, pid %d)", cfg.mountpoint, cfg.fsname, os.getpid())
@@ -493,12 +504,36 @@ class MountDaemon:
                     next_stats = time.monotonic() + cfg.stats_interval
             if self._ended.is_set():
                 log.info("%s was unmounted from outside the daemon", cfg.mountpoint)
+                self._finish_writes(cfg.drain_timeout)
             else:
                 name = signal.Signals(self._signal or signal.SIGTERM).name
                 with activity("unmount", mountpoint=cfg.mountpoint, reason=name):
+                    started = time.monotonic()
                     self.drain_and_unmount(cfg.drain_timeout)
+                    self._finish_writes(cfg.drain_timeout - (time.monotonic() - started))
         finally:
             self._finish()
+
+    def _finish_writes(self, timeout: float) -> None:
+        """rw_mount: the FUSE loop is over; wait (up to `timeout` s, the rest of
+        the drain time) for pending uploads. What is still not uploaded is
+        recorded next to the state file for the `unmount` command (exit code 4);
+        a daemon killed meanwhile leaves {"pending": true} there."""
+        if not self.fs.writable:
+            return
+        answer = unsaved_file(self.config.state_file)
+        with contextlib.suppress(OSError):
+            _write_json(answer, {"pending": True})
+        self.unsaved = self.fs.finish_writes(max(0.0, timeout))
+        try:
+            if self.unsaved:
+                log.error("%s: %d files not uploaded (kept in staging): %s", self.mountpoint,
+                          len(self.unsaved), ", ".join(self.unsaved))  # fmt: skip
+                _write_json(answer, {"pending": False, "unsaved": self.unsaved})
+            else:
+                answer.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", answer, exc)
 
     def drain_and_unmount(self, timeout: float) -> None:
         """Wait (up to `timeout` s) for open files to close, unmount; force
@@ -594,8 +629,31 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
             how = "forced (still busy)"
             break
         time.sleep(POLL)
-    if pid is not None and not wait_exit(pid, EXIT_WAIT):
+    # An rw_mount daemon may spend up to the drain time on pending uploads.
+    if pid is not None and not wait_exit(pid, EXIT_WAIT + timeout):
         log.warning("mount daemon %d did not exit; killing it", pid)
         end_process(pid, grace=2.0)
     state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+    _report_unsaved(mountpoint, unsaved_file(state_file(cache_dir, mountpoint)))
     return how
+
+
+def _report_unsaved(mountpoint: Path, answer: Path) -> None:
+    """OutputError (exit code 4) when the rw_mount daemon left writes only staged."""
+    try:
+        data = json.loads(answer.read_text())
+    except (OSError, ValueError):
+        return
+    answer.unlink(missing_ok=True)
+    if data.get("unsaved"):
+        names = [str(n) for n in data["unsaved"]]
+        raise OutputError(
+            f"{mountpoint}: {len(names)} files could not be uploaded (kept in the staging "
+            f"folder; a new mount of this output with the same cache folder uploads them): "
+            + ", ".join(names)
+        )
+    if data.get("pending"):
+        raise OutputError(
+            f"{mountpoint}: the mount daemon stopped before its uploads finished (kept in the "
+            "staging folder; a new mount of this output with the same cache folder uploads them)"
+        )

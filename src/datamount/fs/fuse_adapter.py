@@ -6,7 +6,8 @@ other exception is logged with its traceback and becomes EIO — the daemon
 never crashes on a bad request. The only module that imports mfusepy.
 
 Kernel-facing choices (see `run`):
-- read-only (`ro`), multithreaded (libfuse's worker pool, `max_threads`);
+- read-only (`ro`) unless the filesystem is writable (rw_mount);
+  multithreaded (libfuse's worker pool, `max_threads`);
 - attr / entry / negative timeouts equal the attribute cache TTL (none set:
   a year, i.e. never), so the kernel caches no longer than the daemon does;
 - `keep_cache` on an open whose pinned version is the one the previous open
@@ -54,7 +55,8 @@ FUSE_READDIR_PLUS = 1  # enum fuse_readdir_flags
 FUSE_FILL_DIR_PLUS = 2  # enum fuse_fill_dir_flags
 WAKE_SIGNAL = signal.SIGUSR1  # interrupts libfuse's loop thread after fuse_exit
 # errnos that are answers, not failures: never logged
-_QUIET = {errno.ENOENT, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENODATA}
+_QUIET = {errno.ENOENT, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENODATA,
+          errno.EEXIST, errno.ENOTEMPTY}  # fmt: skip
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -139,7 +141,9 @@ class Adapter(mfusepy.Operations):
     # -- reads -----------------------------------------------------------------
 
     @_funnel
-    def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
+    def getattr(self, path: str | None, fh: Any = None) -> dict[str, int]:
+        if path is None:  # fstat of an unlinked open file (rw: hard_remove)
+            return self.fs.fgetattr(fh.fh)
         return self.fs.getattr(path)
 
     @_funnel
@@ -183,10 +187,12 @@ class Adapter(mfusepy.Operations):
 
     @_funnel
     def flush(self, path: str, fi: Any) -> int:
+        self.fs.flush(fi.fh)
         return 0
 
     @_funnel
     def fsync(self, path: str, datasync: int, fi: Any) -> int:
+        self.fs.fsync(fi.fh)
         return 0
 
     @_funnel
@@ -197,23 +203,33 @@ class Adapter(mfusepy.Operations):
     # and the kernel stops asking, so the two xattr probes `ls -l` makes per
     # file (ACL, security label) never reach Python.
 
-    # -- writes: all EROFS, through ReadOnlyFS so the rule lives in one place --
+    # -- writes: WritableFS serves them; ReadOnlyFS answers EROFS, so the rule
+    # lives in one place --
 
     @_funnel
     def create(self, path: str, mode: int, fi: Any = None) -> int:
-        return self.fs.create(path)
+        opened = self.fs.create(path, mode, fi.flags)
+        fi.fh = opened.fh
+        fi.keep_cache = 0
+        fi.direct_io = 0
+        return 0
 
     @_funnel
     def write(self, path: str, data: bytes, offset: int, fh: Any) -> int:
-        return self.fs.write(path)
+        return self.fs.write(path, data, offset, fh.fh)
 
     @_funnel
-    def truncate(self, path: str, length: int, fh: Any = None) -> int:
-        return self.fs.truncate(path)
+    def truncate(self, path: str | None, length: int, fh: Any = None) -> int:
+        if path is None:  # ftruncate of an unlinked open file (rw: hard_remove)
+            self.fs.ftruncate(fh.fh, length)
+        else:
+            self.fs.truncate(path, length)
+        return 0
 
     @_funnel
     def mkdir(self, path: str, mode: int) -> int:
-        return self.fs.mkdir(path)
+        self.fs.mkdir(path, mode)
+        return 0
 
     @_funnel
     def mknod(self, path: str, mode: int, dev: int) -> int:
@@ -221,15 +237,18 @@ class Adapter(mfusepy.Operations):
 
     @_funnel
     def unlink(self, path: str) -> int:
-        return self.fs.unlink(path)
+        self.fs.unlink(path)
+        return 0
 
     @_funnel
     def rmdir(self, path: str) -> int:
-        return self.fs.rmdir(path)
+        self.fs.rmdir(path)
+        return 0
 
     @_funnel
     def rename(self, old: str, new: str) -> int:
-        return self.fs.rename(old, new)
+        self.fs.rename(old, new)
+        return 0
 
     @_funnel
     def link(self, target: str, source: str) -> int:
@@ -239,17 +258,25 @@ class Adapter(mfusepy.Operations):
     def symlink(self, target: str, source: str) -> int:
         return self.fs.symlink(target, source)
 
-    @_funnel
-    def chmod(self, path: str, mode: int) -> int:
-        return self.fs.chmod(path)
+    # chmod / chown / utimens of an unlinked open file (path None): nothing to do.
 
     @_funnel
-    def chown(self, path: str, uid: int, gid: int) -> int:
-        return self.fs.chown(path)
+    def chmod(self, path: str | None, mode: int) -> int:
+        if path is not None:
+            self.fs.chmod(path, mode)
+        return 0
 
     @_funnel
-    def utimens(self, path: str, times: Any = None) -> int:
-        return self.fs.utimens(path)
+    def chown(self, path: str | None, uid: int, gid: int) -> int:
+        if path is not None:
+            self.fs.chown(path, uid, gid)
+        return 0
+
+    @_funnel
+    def utimens(self, path: str | None, times: Any = None) -> int:
+        if path is not None:
+            self.fs.utimens(path, times)
+        return 0
 
     @_funnel
     def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
@@ -288,6 +315,18 @@ class _Fuse(mfusepy.FUSE):
                 break  # the kernel's buffer is full; it asks again from next_offset
         return 0
 
+    def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+        # mfusepy drops the file handle; ftruncate of an unlinked file needs it.
+        decoded = None if path is None else path.decode(self.encoding, self.errors)
+        return self.operations.truncate(decoded, length, fip.contents if fip else None)
+
+    def rename_fuse_3(self, old: bytes, new: bytes, flags: int) -> int:
+        # mfusepy drops the flags; RENAME_NOREPLACE / RENAME_EXCHANGE cannot
+        # be honoured over copy + delete, so refuse them rather than ignore them.
+        if flags:
+            return -errno.EINVAL
+        return super().rename_fuse_3(old, new, flags)
+
 
 def run(
     fs: ReadOnlyFS,
@@ -310,7 +349,7 @@ def run(
     options: dict[str, Any] = {
         "foreground": True,  # the daemon detaches itself (mountd); libfuse must not fork
         "nothreads": False,
-        "ro": True,
+        "ro": not fs.writable,
         "fsname": fsname,
         "subtype": "datamount",
         "max_threads": max_threads,
@@ -319,6 +358,11 @@ def run(
     }
     if allow_other:
         options["allow_other"] = True  # the job may run as another user than the daemon
+    if fs.writable:
+        # unlink of an open file reaches the filesystem as an unlink (its open
+        # handles keep their staged bytes), not as a rename to .fuse_hidden*,
+        # which over blobs would be a copy + delete and a stray blob.
+        options["hard_remove"] = True
     try:
         _Fuse(adapter, mountpoint, raw_fi=True, **options)
     except RuntimeError as exc:

@@ -103,6 +103,9 @@ class _Cache:
             _, (_, _, w) = self._items.popitem(last=False)
             self.weight -= w
 
+    def names(self) -> list[str]:
+        return list(self._items)
+
     def pop(self, key: str) -> None:
         item = self._items.pop(key, None)
         if item is not None:
@@ -295,4 +298,16 @@ class Namespace:
         rel = path.strip("/")
         with self._lock:
             self._attrs.pop(rel)
+            self._listings.pop(split(rel)[0])
+
+    def invalidate_tree(self, path: str) -> None:
+        """Forget `path`, everything cached under it, and its parent's listing
+        (a folder renamed or removed through an rw mount). One pass over the
+        caches: folder renames are rare next to lookups."""
+        rel = path.strip("/")
+        below = rel + "/"
+        with self._lock:
+            for cache in (self._attrs, self._listings):
+                for key in [k for k in cache.names() if k == rel or k.startswith(below)]:
+                    cache.pop(key)
             self._listings.pop(split(rel)[0])

@@ -112,7 +112,10 @@ class _DirStream:
 
 
 class ReadOnlyFS:
-    """The filesystem the FUSE adapter serves. Paths are FUSE paths ('/a/b')."""
+    """The filesystem the FUSE adapter serves. Paths are FUSE paths ('/a/b').
+    `fs.writable.WritableFS` extends it for rw_mount."""
+
+    writable = False  # the adapter mounts read-only unless this is True
 
     def __init__(
         self,
@@ -167,6 +170,14 @@ class ReadOnlyFS:
         with self._lock:
             self._counts["getattrs"] += 1
         return self.stat_dict(self.namespace.getattr(path))
+
+    def fgetattr(self, fh: int) -> dict[str, int]:
+        """Attributes through an open handle (its path may be gone)."""
+        with self._lock:
+            file = self._files.get(fh)
+        if file is None:
+            raise _error(errno.EBADF)
+        return self.getattr(file.path)
 
     def access(self, path: str, mode: int) -> None:
         if mode & os.W_OK:
@@ -264,6 +275,11 @@ class ReadOnlyFS:
             if self._versions.get(file.obj.key) == file.obj.etag:
                 del self._versions[file.obj.key]
 
+    def flush(self, fh: int) -> None:
+        """close(2) of a handle: nothing to write back here."""
+
+    fsync = flush
+
     def release(self, fh: int) -> None:
         with self._lock:
             file = self._files.pop(fh, None)
@@ -284,6 +300,11 @@ class ReadOnlyFS:
                 self._idle.wait(left)
             return True
 
+    def finish_writes(self, timeout: float) -> list[str]:
+        """At unmount, after the last request: blobs whose writes could not be
+        uploaded (none here: nothing is ever written)."""
+        return []
+
     def counters(self) -> dict[str, int]:
         with self._lock:
             counts = dict(self._counts)
@@ -301,11 +322,26 @@ class ReadOnlyFS:
 
     # -- everything that writes ------------------------------------------------
 
-    def write(self, path: str, *args: object) -> int:
+    def create(self, path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> Opened:
         raise read_only(path)
 
-    create = mkdir = mknod = unlink = rmdir = truncate = chmod = chown = write
-    utimens = setxattr = removexattr = fallocate = write
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        raise read_only(path)
+
+    def truncate(self, path: str, length: int) -> int:
+        raise read_only(path)
+
+    def ftruncate(self, fh: int, length: int) -> int:
+        raise read_only()
+
+    def mkdir(self, path: str, mode: int = 0o755) -> int:
+        raise read_only(path)
+
+    def _refuse(self, path: str, *args: object) -> int:
+        raise read_only(path)
+
+    mknod = unlink = rmdir = chmod = chown = utimens = _refuse
+    setxattr = removexattr = fallocate = _refuse
 
     def rename(self, old: str, new: str, *args: object) -> int:
         raise read_only(old)

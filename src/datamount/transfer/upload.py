@@ -104,7 +104,7 @@ class Uploader:
         if src.is_file():
             key = key + src.name if key.endswith("/") or key == "" else key
             files: Iterator[tuple[Path, str]] = iter([(src, key)])
-            existing = self._existing_one(key)
+            existing = {} if self.options.overwrite else self._existing_one(key)
         else:
             prefix = folder_prefix(key)
             files = ((path, prefix + rel) for path, rel in _walk(src))

@@ -1,0 +1,490 @@
+"""rw_mount through the CLI: real FUSE over real Azurite (optionally behind
+the fault-injecting proxy). What is written through the mount is what the
+container holds, byte for byte, with its Content-MD5; names change in
+storage; fsync is durable; failed uploads are EIO to the writer, named at
+unmount (exit code 4) and re-uploaded by the next mount with the same cache;
+the free-space reserve gives ENOSPC. Every mount point goes through the
+`mounts` fixture, which detaches and kills whatever a test leaves behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import store_on
+from datamount.mountd import alive, state_file
+from datamount.storage import ObjectStore
+from datamount.transfer.upload import BLOCK_SIZE
+from faultproxy import FaultProxy
+from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, tracked_mounts, wait_for
+
+rng = random.Random(23)
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[Mounts]:
+    yield from tracked_mounts(tmp_path)
+
+
+@pytest.fixture
+def proxy(azurite) -> Iterator[FaultProxy]:  # noqa: ANN001
+    with FaultProxy(azurite.port) as p:
+        yield p
+
+
+def output_spec(tmp_path: Path, path: str = "out/") -> Path:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "outputs:\n"
+        f"  model: {{type: uri_folder, path: 'azureml://datastores/store/paths/{path}', "
+        "mode: rw_mount}\n"
+    )
+    return spec
+
+
+def env_for(azurite, tmp_path: Path, container, *, via=None, **extra: str) -> dict[str, str]:  # noqa: ANN001
+    service = azurite
+    if via is not None:
+        service = SimpleNamespace(account=azurite.account, key=azurite.key, endpoint=via.endpoint)
+    base = {"AZUREML_DATASET_HTTP_RETRY_COUNT": "3", "DATASET_UNMOUNT_TIMEOUT_SECONDS": "10"}
+    return mount_env(service, tmp_path, container.container_name, **{**base, **extra})
+
+
+def mount_ok(tmp_path: Path, mp: Path, env: dict[str, str]) -> None:
+    out = datamount("mount", str(output_spec(tmp_path)), str(mp), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"{mp}\n"
+    assert mounted(mp)
+
+
+def unmount(mounts: Mounts, mp: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    pid = mounts.daemon(mp)
+    out = datamount("unmount", str(mp), env=env)
+    assert not mounted(mp)
+    assert wait_for(lambda: not alive(pid)), f"daemon {pid} still running"
+    assert not state_file(mounts.cache_dir, mp).exists()
+    return out
+
+
+def unmount_ok(mounts: Mounts, mp: Path, env: dict[str, str]) -> None:
+    out = unmount(mounts, mp, env)
+    assert out.returncode == 0, out.stderr
+
+
+def blob(store: ObjectStore, key: str) -> bytes:
+    info = store.stat(key)
+    return store.read(key, 0, info.size + 1) if info.size else b""
+
+
+def md5(data: bytes) -> bytes:
+    return hashlib.md5(data, usedforsecurity=False).digest()
+
+
+def runtime_log(mounts: Mounts) -> str:
+    return (mounts.cache_dir / "logs" / "datamount-runtime.log").read_text()
+
+
+def staging_dir(mounts: Mounts) -> Path:
+    (folder,) = (mounts.cache_dir / "staging").iterdir()
+    return folder
+
+
+SIZES = [0, 1, BLOCK_SIZE, BLOCK_SIZE + 1, 2 * BLOCK_SIZE + 3 * MiB + 7]
+
+
+def test_write_sizes_sequential_and_random_read_back(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    azurite.seed(container, {"out/existing.txt": b"0123456789"})
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    bodies = {}
+    for size in SIZES:
+        body = rng.randbytes(size)
+        bodies[f"seq-{size}.bin"] = body
+        with open(mp / f"seq-{size}.bin", "wb") as f:
+            for off in range(0, size, MiB):
+                f.write(body[off : off + MiB])
+        if size:
+            rand = rng.randbytes(size)
+            bodies[f"rand-{size}.bin"] = rand
+            pieces = [(off, rand[off : off + 300_000]) for off in range(0, size, 300_000)]
+            rng.shuffle(pieces)
+            fd = os.open(mp / f"rand-{size}.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+            try:
+                for off, piece in pieces:
+                    assert os.pwrite(fd, piece, off) == len(piece)
+            finally:
+                os.close(fd)
+    # an existing blob opened without O_TRUNC: its bytes are kept around the write
+    with open(mp / "existing.txt", "r+b") as f:
+        f.seek(3)
+        f.write(b"abc")
+    bodies["existing.txt"] = b"012abc6789"
+
+    assert sorted(os.listdir(mp)) == sorted(bodies)
+    for name, body in bodies.items():
+        assert os.stat(mp / name).st_size == len(body), name
+        assert (mp / name).read_bytes() == body, name
+        assert blob(azure_store, "out/" + name) == body, name
+        assert azure_store.stat("out/" + name).content_md5 == md5(body), name
+    # the largest file went up as staged blocks (Put Block + Put Block List)
+    big = f"out/seq-{SIZES[-1]}.bin"
+    blocks = container.get_blob_client(big).get_block_list("committed")[0]
+    assert [b.size for b in blocks] == [BLOCK_SIZE, BLOCK_SIZE, 3 * MiB + 7]
+    unmount_ok(mounts, mp, env)
+    fs = mounts.stats("model")["fs"]
+    assert fs["files_uploaded"] == len(bodies)
+    assert fs["bytes_uploaded"] == sum(len(b) for b in bodies.values())
+    assert fs["upload_failures"] == 0 and fs["uploads_pending"] == 0
+    log = runtime_log(mounts)
+    assert "rw_mount " in log and f"uploaded {big}: {SIZES[-1]} bytes" in log
+
+
+def test_names_change_in_storage(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    azurite.seed(container, {"out/d/a.txt": b"a", "out/d/sub/b.txt": b"bb", "out/f.txt": b"f"})
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+
+    def keys() -> list[str]:
+        return sorted(b.name for b in container.list_blobs(name_starts_with="out/"))
+
+    os.mkdir(mp / "empty")
+    assert os.listdir(mp / "empty") == []
+    assert "out/empty/" in keys()  # the folder marker
+    os.makedirs(mp / "x" / "y")
+    (mp / "x" / "y" / "z.txt").write_bytes(b"zzz")
+    os.rename(mp / "f.txt", mp / "g.txt")
+    os.rename(mp / "d", mp / "e")
+    with pytest.raises(OSError) as caught:
+        os.rmdir(mp / "e")
+    assert caught.value.errno == errno.ENOTEMPTY
+    os.unlink(mp / "e" / "a.txt")
+    os.rmdir(mp / "empty")
+    assert keys() == ["out/e/sub/b.txt", "out/g.txt", "out/x/", "out/x/y/", "out/x/y/z.txt"]
+    assert sorted(os.listdir(mp)) == ["e", "g.txt", "x"]
+    assert (mp / "e" / "sub" / "b.txt").read_bytes() == b"bb"
+    assert not (mp / "d").exists()
+    # a file written then renamed while open (the usual "write tmp, rename" pattern)
+    with open(mp / "ckpt.tmp", "wb") as f:
+        f.write(b"checkpoint")
+        os.rename(mp / "ckpt.tmp", mp / "ckpt")
+    assert blob(azure_store, "out/ckpt") == b"checkpoint"
+    assert "out/ckpt.tmp" not in keys()
+    # unlinked while open: the handle keeps working, nothing reaches storage
+    with open(mp / "scratch", "w+b") as f:
+        f.write(b"scratch")
+        os.unlink(mp / "scratch")
+        f.write(b" more")
+        f.seek(0)
+        assert f.read() == b"scratch more"
+        assert not (mp / "scratch").exists()
+    assert not [k for k in keys() if "scratch" in k or "fuse_hidden" in k]
+    # chmod / utime: accepted and ignored
+    os.chmod(mp / "g.txt", 0o600)
+    os.utime(mp / "g.txt", (0, 0))
+    assert (mp / "g.txt").read_bytes() == b"f"
+    unmount_ok(mounts, mp, env)
+
+
+def test_fsync_is_durable_before_close(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    first, second = rng.randbytes(3 * MiB), rng.randbytes(MiB + 1)
+    fd = os.open(mp / "log.bin", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        os.write(fd, first)
+        os.fsync(fd)
+        assert blob(azure_store, "out/log.bin") == first  # still open: durable already
+        os.write(fd, second)
+        assert os.pread(fd, 10, len(first)) == second[:10]  # reads see the writes
+        with open(mp / "log.bin", "rb") as other:  # and so does another handle
+            assert other.read() == first + second
+        os.fsync(fd)
+        assert blob(azure_store, "out/log.bin") == first + second
+    finally:
+        os.close(fd)
+    unmount_ok(mounts, mp, env)
+
+
+def test_transient_upload_failures_are_retried(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts, proxy: FaultProxy
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container, via=proxy)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    small, big = rng.randbytes(1000), rng.randbytes(BLOCK_SIZE + 5)
+    proxy.fail_writes(2)
+    (mp / "small.bin").write_bytes(small)
+    proxy.fail_writes(2)
+    (mp / "big.bin").write_bytes(big)
+    assert blob(azure_store, "out/small.bin") == small
+    assert blob(azure_store, "out/big.bin") == big
+    assert len([r for r in proxy.requests if r.injected == "fail"]) == 4
+    unmount_ok(mounts, mp, env)
+    assert mounts.stats("model")["fs"]["upload_failures"] == 0
+
+
+def test_permanent_failure_eio_named_at_unmount_reuploaded_by_next_mount(
+    azurite, container, tmp_path: Path, mounts: Mounts, proxy: FaultProxy
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container, via=proxy)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    body = rng.randbytes(2 * MiB + 1)
+    proxy.deny_writes("out/model.bin")
+    f = open(mp / "model.bin", "wb")  # noqa: SIM115
+    f.write(body)
+    with pytest.raises(OSError) as caught:
+        os.fsync(f.fileno())
+    assert caught.value.errno == errno.EIO
+    with pytest.raises(OSError) as caught:
+        f.close()
+    assert caught.value.errno == errno.EIO
+    (mp / "fine.txt").write_bytes(b"fine")  # other files still upload
+    assert (mp / "model.bin").read_bytes() == body  # served from staging
+    journal = json.loads((staging_dir(mounts) / "journal.json").read_text())["entries"]
+    assert [(e["key"], e["state"]) for e in journal.values()] == [("out/model.bin", "failed")]
+
+    out = unmount(mounts, mp, env)
+    assert out.returncode == 4, out.stderr
+    assert "out/model.bin" in out.stderr and "fine.txt" not in out.stderr
+    assert "not uploaded, kept in staging" in runtime_log(mounts)
+    store = store_on(azurite, container.container_name)
+    try:
+        assert [b.name for b in container.list_blobs()] == ["out/fine.txt"]
+        # storage is fine again: the next mount with the same cache uploads it
+        proxy.allow_writes("out/model.bin")
+        mount_ok(tmp_path, mp, env)
+        assert wait_for(lambda: "out/model.bin" in [b.name for b in container.list_blobs()])
+        assert blob(store, "out/model.bin") == body
+        assert store.stat("out/model.bin").content_md5 == md5(body)
+        unmount_ok(mounts, mp, env)
+    finally:
+        store.close()
+    assert "re-uploading out/model.bin" in runtime_log(mounts)
+    assert mounts.stats("model")["fs"]["reuploads"] == 1
+    assert list(staging_dir(mounts).glob("*.data")) == []
+
+
+def test_sigkill_mid_write_then_remount_uploads_closed_files(
+    azurite, container, tmp_path: Path, mounts: Mounts, proxy: FaultProxy
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container, via=proxy)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    a, b, c = rng.randbytes(5000), rng.randbytes(3 * MiB), b"half of a file"
+    (mp / "a.bin").write_bytes(a)
+    proxy.deny_writes("out/b.bin")  # storage refuses b for now: it stays staged
+    with pytest.raises(OSError):
+        (mp / "b.bin").write_bytes(b)
+    writer = os.open(mp / "c.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(writer, c)
+    os.kill(mounts.daemon(mp), signal.SIGKILL)  # mid-write: c is still open
+    with contextlib.suppress(OSError):
+        os.close(writer)
+    proxy.allow_writes("out/b.bin")
+    assert wait_for(lambda: not alive(mounts.daemon(mp)))
+
+    mount_ok(tmp_path, mp, env)  # clears the dead mount, re-uploads what was closed
+    store = store_on(azurite, container.container_name)
+    try:
+        assert wait_for(lambda: "out/b.bin" in [x.name for x in container.list_blobs()])
+        assert blob(store, "out/a.bin") == a and blob(store, "out/b.bin") == b
+        assert (mp / "b.bin").read_bytes() == b
+    finally:
+        store.close()
+    unmount_ok(mounts, mp, env)
+    # c was never closed: not published, but kept in staging and named in the log
+    assert "out/c.bin" not in [x.name for x in container.list_blobs()]
+    assert [p.read_bytes() for p in staging_dir(mounts).glob("*.data")] == [c]
+    assert "was still open for writing" in runtime_log(mounts)
+
+
+@pytest.fixture
+def small_cache(tmp_path: Path) -> Iterator[Path]:
+    """The cache folder on its own 96 MiB tmpfs: free space that other work on
+    the machine cannot move (the shared disk's moves by a GiB in seconds)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(cache)], check=True)
+    try:
+        yield cache
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=False)
+
+
+def test_reserve_reached_is_enospc_and_file_intact(
+    azurite,
+    container,
+    azure_store: ObjectStore,
+    tmp_path: Path,
+    small_cache: Path,
+    mounts: Mounts,
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container, DATASET_RESERVED_FREE_DISK_SPACE="40MB",
+                  DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED="false")  # fmt: skip
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    st = os.statvfs(mp)
+    assert 40 * MiB < st.f_bavail * st.f_frsize < 57 * MiB  # df: what staging may use
+    written = bytearray()
+    fd = os.open(mp / "fill.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        with pytest.raises(OSError) as caught:
+            for _ in range(100):  # 100 MiB: past the ~56 MiB left above the reserve
+                chunk = rng.randbytes(MiB)
+                written += chunk[: os.write(fd, chunk)]
+        assert caught.value.errno == errno.ENOSPC
+    finally:
+        os.close(fd)  # what was written before the limit is uploaded, whole
+    assert 40 * MiB < len(written) <= 56 * MiB
+    assert blob(azure_store, "out/fill.bin") == bytes(written)
+    assert (mp / "fill.bin").read_bytes() == bytes(written)
+    unmount_ok(mounts, mp, env)
+
+
+def test_sigterm_with_unsaved_writes_exits_4(
+    azurite, container, tmp_path: Path, mounts: Mounts, proxy: FaultProxy
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container, via=proxy)
+    mp = mounts.point(tmp_path / "mnt")
+    proc = subprocess.Popen(
+        [EXE, "mount", str(output_spec(tmp_path)), str(mp), "--foreground"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == f"{mp}\n"  # printed once the mount answers
+        proxy.deny_writes("out/x.bin")
+        with pytest.raises(OSError):
+            (mp / "x.bin").write_bytes(b"x")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 4, err
+    assert "out/x.bin" in err
+    assert not mounted(mp)
+
+
+def test_attribute_ttl_is_finite_by_default(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    (mp / "mine.txt").write_bytes(b"1")
+    assert not (mp / "theirs.txt").exists()
+    azure_store.put("out/theirs.txt", b"written elsewhere")  # another writer
+    started = time.monotonic()
+    assert wait_for(lambda: (mp / "theirs.txt").exists(), 10)
+    assert time.monotonic() - started < 5  # 2 s in the daemon and the kernel
+    assert (mp / "theirs.txt").read_bytes() == b"written elsewhere"
+    unmount_ok(mounts, mp, env)
+
+
+def test_concurrent_writers_and_readers(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    bodies = {f"w{t}/f{i}.bin": random.Random(t * 100 + i).randbytes(i * 70_001) for t in range(6)
+              for i in range(8)}  # fmt: skip
+    for t in range(6):
+        os.mkdir(mp / f"w{t}")
+
+    def work(t: int) -> None:
+        for i in range(8):
+            name = f"w{t}/f{i}.bin"
+            with open(mp / name, "wb") as f:
+                f.write(bodies[name])
+            assert (mp / name).read_bytes() == bodies[name]
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(work, range(6)))
+    for name, body in bodies.items():
+        assert blob(azure_store, "out/" + name) == body, name
+    unmount_ok(mounts, mp, env)
+
+
+def test_unmount_with_a_file_still_open_names_it_and_exits_4(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    (mp / "done.txt").write_bytes(b"done")
+    fd = os.open(mp / "busy.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"first")
+        pid = mounts.daemon(mp)
+        # Starting a process closes its copy of fd (close-on-exec): a flush, so
+        # "first" is uploaded; what is written after it is not, once forced.
+        proc = subprocess.Popen(
+            [EXE, "unmount", str(mp), "--timeout", "2"], env=env, stderr=subprocess.PIPE, text=True
+        )
+        time.sleep(0.5)
+        os.write(fd, b" and more")
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 4, err
+        assert "out/busy.bin" in err and "done.txt" not in err
+        assert wait_for(lambda: not alive(pid))
+        assert not mounted(mp)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    assert blob(azure_store, "out/busy.bin") == b"first"
+    assert blob(azure_store, "out/done.txt") == b"done"
+    assert [p.read_bytes() for p in staging_dir(mounts).glob("*.data")] == [b"first and more"]
+
+
+def test_uri_file_output(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    azurite.seed(container, {"out/sibling.txt": b"not in this mount"})
+    env = env_for(azurite, tmp_path, container)
+    spec = tmp_path / "file.yaml"
+    spec.write_text(
+        "outputs:\n  model: {type: uri_file, "
+        "path: 'azureml://datastores/store/paths/out/model.pkl', mode: rw_mount}\n"
+    )
+    mp = mounts.point(tmp_path / "mnt")
+    out = datamount("mount", str(spec), str(mp), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"{mp / 'model.pkl'}\n"
+    assert os.listdir(mp) == []
+    body = rng.randbytes(BLOCK_SIZE + 10)
+    (mp / "model.pkl").write_bytes(body)
+    assert os.listdir(mp) == ["model.pkl"]
+    with pytest.raises(PermissionError):
+        (mp / "other.txt").write_bytes(b"x")
+    assert blob(azure_store, "out/model.pkl") == body
+    assert azure_store.stat("out/model.pkl").content_md5 == md5(body)
+    unmount_ok(mounts, mp, env)
