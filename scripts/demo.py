@@ -111,19 +111,24 @@ def main() -> int:
              "and registered", "run", "configs/command-job.yaml", env=env)  # fmt: skip
         step("the registered output", "resolve", "azureml:demo-model@latest", env=env)
 
-        evaluated = workdir / "eval"
-        shutil.rmtree(evaluated, ignore_errors=True)
-        step("eval_download: an MLTable over two accounts, only the files it selects",
-             "mount", "configs/mltable-eval.yaml", str(evaluated), env=env)  # fmt: skip
+        evaluated = workdir / "mnt" / "passengers"
+        step("eval_mount: an MLTable over two accounts, only the files it selects",
+             "mount", "configs/mltable-eval.yaml", str(evaluated), "--input", "passengers",
+             env=env)  # fmt: skip
         for path in sorted(evaluated.rglob("*")):
-            if path.is_file() and not path.name.startswith("."):
+            if path.is_file():
                 print(f"  {path.relative_to(evaluated)}")
         print("\npandas, straight from storage (datamount.mltable.load):")
         workspace = Workspace.load(REPO / "configs" / "workspace.yaml", env)
         table = load(str(REPO / "configs" / "tables" / "passengers"), workspace)
         print(table.to_pandas_dataframe().to_string(index=False))
         same = load(str(evaluated)).to_pandas_dataframe()
-        print(f"  (the eval_download copy loads to the same {len(same)} rows)")
+        print(f"  (the eval_mount at {evaluated} loads to the same {len(same)} rows)")
+        step("unmount", "unmount", str(evaluated), env=env)
+        copied = workdir / "eval-copy"
+        shutil.rmtree(copied, ignore_errors=True)
+        step("eval_download: the same files copied", "mount", "configs/mltable-eval.yaml",
+             str(copied), "--input", "passengers_copy", env=env)  # fmt: skip
 
         print("\nReading through the storage layer:")
         spec = load_spec(REPO / "configs" / "inputs-outputs.yaml")
@@ -142,6 +147,9 @@ def main() -> int:
         print(f"\nLogs: {workdir / 'cache' / 'logs'}")
         return 0
     finally:
+        for point in (workdir / "mnt").glob("*"):  # whatever a failed step left mounted
+            if os.path.ismount(point):
+                subprocess.run([DATAMOUNT, "unmount", str(point)], env=env, check=False)
         azurite.stop()
         print("Azurite stopped.")
 

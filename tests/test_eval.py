@@ -14,7 +14,7 @@ from azure.storage.blob import BlobServiceClient
 
 from azurite import KEY, SECOND, SECOND_KEY, Azurite
 from datamount.mltable import load
-from fuse_helpers import datamount
+from fuse_helpers import Mounts, datamount, mounted, tracked_mounts
 
 FIRST_BLOBS = {
     "t/MLTable": (
@@ -31,6 +31,11 @@ FIRST_BLOBS = {
     "t/data/readme.txt": b"not matched\n",
 }
 SECOND_BLOBS = {"far/away.csv": b"x,y\n4,d\n", "far/unused.csv": b"x,y\n5,e\n"}
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[Mounts]:
+    yield from tracked_mounts(tmp_path)
 
 
 @pytest.fixture
@@ -68,7 +73,7 @@ def env_for(two_accounts: Azurite, tmp_path: Path, first: str) -> dict[str, str]
         f"account_key: '{SECOND_KEY}'}}\n"
     )
     keep = {k: v for k, v in os.environ.items() if not k.startswith(("DATASET_", "RSLEX_"))}
-    return {**keep, "DATAMOUNT_WORKSPACE": str(ws), "DATAMOUNT_CACHE_DIR": str(tmp_path / "c")}
+    return {**keep, "DATAMOUNT_WORKSPACE": str(ws), "DATAMOUNT_CACHE_DIR": str(tmp_path / "cache")}
 
 
 def expected_tree(first: str, other: str) -> dict[str, bytes]:
@@ -130,20 +135,74 @@ def test_eval_download_of_a_missing_mltable_is_one_clear_error(
     assert not (tmp_path / "dest").exists()
 
 
-def test_run_with_an_eval_download_input(
-    two_accounts: Azurite, two_containers: tuple[str, str], tmp_path: Path
+@pytest.mark.parametrize("mode", ["eval_download", "eval_mount"])
+def test_run_with_an_evaluated_input(
+    two_accounts: Azurite,
+    two_containers: tuple[str, str],
+    tmp_path: Path,
+    mounts: Mounts,
+    mode: str,
 ) -> None:
     first, other = two_containers
     env = env_for(two_accounts, tmp_path, first)
     job = tmp_path / "job.yaml"
     job.write_text(
-        "command: cat ${{inputs.table}}/" + f"{SECOND}/{other}/far/away.csv\n"
+        "command: cat ${{inputs.table}}/" + f"{SECOND}/{other}/far/away.csv && "
+        "find ${{inputs.table}} -type f | sort\n"
         "inputs:\n"
-        "  table: {type: mltable, mode: eval_download, path: azureml://datastores/main/paths/t/}\n"
+        f"  table: {{type: mltable, mode: {mode}, path: azureml://datastores/main/paths/t/}}\n"
     )
+    table = mounts.point(tmp_path / "w" / "inputs" / "table")
     out = datamount("run", str(job), "--workdir", str(tmp_path / "w"), env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.encode() == SECOND_BLOBS["far/away.csv"]
-    assert tree(tmp_path / "w" / "inputs" / "table").keys() - {"MLTable"} == set(
-        expected_tree(first, other)
+    lines = out.stdout.splitlines()
+    assert lines[:2] == SECOND_BLOBS["far/away.csv"].decode().splitlines()
+    listed = {str(Path(line).relative_to(table)) for line in lines[2:]}
+    assert listed - {"MLTable", ".datamount-manifest.jsonl"} == set(expected_tree(first, other))
+    assert not mounted(table)
+
+
+def test_eval_mount_shows_exactly_the_evaluated_files(
+    two_accounts: Azurite, two_containers: tuple[str, str], tmp_path: Path, mounts: Mounts
+) -> None:
+    first, other = two_containers
+    env = env_for(two_accounts, tmp_path, first)
+    spec = tmp_path / "in.yaml"
+    spec.write_text("type: mltable\nmode: eval_mount\npath: azureml://datastores/main/paths/t/\n")
+    mp = mounts.point(tmp_path / "mnt")
+    out = datamount("mount", str(spec), str(mp), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(mp) and mounted(mp)
+    assert sorted(p.name for p in mp.iterdir()) == ["MLTable", "devstoreaccount1", SECOND]
+    got = tree(mp)
+    mltable = got.pop("MLTable").decode()
+    assert got == expected_tree(first, other)
+    assert f"file: ./{SECOND}/{other}/far/away.csv" in mltable
+    assert not (mp / "devstoreaccount1" / first / "t" / "data" / "2024" / "a.csv").exists()
+    frame = load(str(mp)).to_pandas_dataframe()  # pandas straight off the mount
+    assert len(frame) == 20_003 and frame["y"].tolist()[-1] == "d"
+    with pytest.raises(OSError, match="Read-only"):
+        (mp / "new.csv").write_text("x")
+
+    pid = mounts.daemon(mp)
+    done = datamount("unmount", str(mp), env=env)
+    assert done.returncode == 0, done.stderr
+    assert not mounted(mp)
+    stats = mounts.stats()
+    assert stats["pid"] == pid and stats["cache"]["bytes_fetched"] >= sum(
+        len(v) for v in expected_tree(first, other).values()
     )
+
+
+def test_eval_mount_of_a_missing_mltable_fails_before_mounting(
+    two_accounts: Azurite, two_containers: tuple[str, str], tmp_path: Path, mounts: Mounts
+) -> None:
+    first, _ = two_containers
+    env = env_for(two_accounts, tmp_path, first)
+    spec = tmp_path / "in.yaml"
+    spec.write_text("type: mltable\nmode: eval_mount\npath: azureml://datastores/main/paths/no/\n")
+    mp = mounts.point(tmp_path / "mnt")
+    out = datamount("mount", str(spec), str(mp), env=env)
+    assert out.returncode == 3
+    assert out.stderr.count("\n") == 1 and "no MLTable file there" in out.stderr
+    assert not mounted(mp)

@@ -232,7 +232,7 @@ def test_invalid_job_reports_every_problem_and_starts_nothing(
 
     spec = yaml.safe_load(job_file(tmp_path, "true").read_text())
     spec["inputs"]["cfg"]["path"] = "azureml://datastores/nostore/paths/x.json"
-    spec["inputs"]["tab"] = {"type": "mltable", "mode": "eval_mount", "path": "./tab/"}
+    spec["code"] = "no-such-folder"
     spec["outputs"]["model"]["version"] = "1"
     (tmp_path / "ws.assets.yaml").write_text(
         "data_assets:\n  mymodel:\n    - {version: '1', type: uri_folder, path: /x/}\n"
@@ -242,7 +242,7 @@ def test_invalid_job_reports_every_problem_and_starts_nothing(
     assert out.returncode == 2
     lines = out.stderr.splitlines()
     assert any("nostore" in line for line in lines)
-    assert any("inputs.tab.mode: eval_mount is not available" in line for line in lines)
+    assert any(line.endswith("no-such-folder is not a folder") for line in lines)
     assert any("mymodel:1 is already registered" in line for line in lines)
     assert list(scratch.iterdir()) == []
 

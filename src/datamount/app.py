@@ -390,14 +390,12 @@ def mount(
                 ctx, spec, entry, mountpoint, foreground=foreground, daemon_argv=daemon_argv,
                 readiness=readiness, on_ready=on_ready,
             )  # fmt: skip
-        if entry.mode is not Mode.RO_MOUNT:
+        if entry.mode not in (Mode.RO_MOUNT, Mode.EVAL_MOUNT):
             raise DatamountError(
-                f"{entry.direction}s.{entry.name}: mode {entry.mode.value} is not available yet "
-                "(this build supports: download, ro_mount, rw_mount, eval_download, upload, "
-                "direct)"
+                f"{entry.direction}s.{entry.name}: mode {entry.mode.value} is not available"
             )
         if entry.direction != "input":
-            raise SpecError(f"outputs.{entry.name}: ro_mount is an input mode")
+            raise SpecError(f"outputs.{entry.name}: {entry.mode.value} is an input mode")
         return _ro_mount(
             ctx, spec, entry, mountpoint, foreground=foreground, daemon_argv=daemon_argv,
             readiness=readiness, on_ready=on_ready,
@@ -418,22 +416,28 @@ def _ro_mount(
     readiness: mountd.Readiness,
     on_ready: Callable[[Path], None] | None,
 ) -> Path:
+    """ro_mount, and eval_mount: the same read-only stack over the evaluated
+    MLTable's files (evalmode.evaluated_store), evaluated by the process that
+    serves the mount (a failure comes back through the start-up handshake)."""
     settings = ctx.settings
     mountpoint = Path(mountd.mount_key(mountpoint))
     workspace = ctx.load_workspace(required=False) or Workspace.empty()
     location = resolve_entry(spec, entry, workspace)
     is_file = entry.type is DataType.URI_FILE
+    evaluated = entry.mode is Mode.EVAL_MOUNT
     label = f"inputs.{entry.name}"
     # The user-facing process records the activity; the daemon it spawns does not.
     recording = readiness.fd is None
     with contextlib.ExitStack() as cleanup:
-        recorder = activity("mount", input=label, mountpoint=mountpoint)
+        recorder = activity("mount", input=label, mountpoint=mountpoint, mode=entry.mode.value)
         with recorder if recording else contextlib.nullcontext():
             mountd.prepare_mountpoint(mountpoint, settings.cache_dir)
             retry = make_retry(settings)
-            store = make_store(settings, location, retry)
-            cleanup.callback(store.close)
-            _check_source(store, location, is_file)
+            store: ObjectStore | None = None
+            if not evaluated:
+                store = make_store(settings, location, retry)
+                cleanup.callback(store.close)
+                _check_source(store, location, is_file)
             path = (
                 mountpoint / location.key.rstrip("/").rpartition("/")[2] if is_file else mountpoint
             )
@@ -446,10 +450,17 @@ def _ro_mount(
                 )  # fmt: skip
                 log.info("mounted %s at %s (daemon pid %d)", location.uri(), mountpoint, pid)
                 return path
+            root: str | None = None
+            if store is None:
+                store = evalmode.evaluated_store(
+                    location, workspace, lambda loc: make_store(settings, loc, retry)
+                )
+                cleanup.callback(store.close)
+                root = ""  # the eval layout: <account>/<container>/<path>, MLTable
             stats = MountStats()
             reader = make_reader(settings, store, stats, location)
             cleanup.callback(reader.close)
-            fs = make_fs(settings, store, reader, location, is_file=is_file)
+            fs = make_fs(settings, store, reader, location, is_file=is_file, root_key=root)
             cleanup.callback(fs.close)
             daemon = _daemon(ctx, spec, entry, location, fs, stats, mountpoint, retry)
             daemon.start()
@@ -600,11 +611,13 @@ def make_fs(
     location: StorageLocation,
     *,
     is_file: bool,
+    root_key: str | None = None,
 ) -> ReadOnlyFS:
-    """Namespace (listings, attribute cache) + reader -> the filesystem ops."""
+    """Namespace (listings, attribute cache) + reader -> the filesystem ops.
+    `root_key` overrides where in the store the tree starts (eval_mount)."""
     namespace = Namespace(
         store,
-        "" if is_file else location.key,
+        root_key if root_key is not None else "" if is_file else location.key,
         file_key=location.key if is_file else None,
         ttl=attribute_ttl(settings),
     )

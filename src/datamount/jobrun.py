@@ -48,7 +48,7 @@ from datamount.workspace import Workspace
 log = logging.getLogger("datamount.run")
 
 # Modes `run` can materialise in this build.
-INPUT_MODES = (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT, Mode.EVAL_DOWNLOAD)
+INPUT_MODES = (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT, Mode.EVAL_DOWNLOAD, Mode.EVAL_MOUNT)
 OUTPUT_MODES = (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT)
 # Attempts to prepare one input when its failure is transient (each attempt
 # already retried every request AZUREML_DATASET_HTTP_RETRY_COUNT times).
@@ -227,7 +227,8 @@ class JobRun:
             self.ctx, self._spec_path(), folder, name=entry.name, progress=None,
             daemon_argv=self.daemon_argv(entry, folder),
         )  # fmt: skip
-        keep = folder if entry.mode in (Mode.RO_MOUNT, Mode.RW_MOUNT, Mode.UPLOAD) else None
+        mounted = (Mode.RO_MOUNT, Mode.EVAL_MOUNT, Mode.RW_MOUNT, Mode.UPLOAD)
+        keep = folder if entry.mode in mounted else None
         prepared = Prepared(entry, str(path), keep)
         with self._lock:
             self.prepared.append(prepared)
