@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from datamount import __version__, app, jobrun, status
+from datamount import __version__, app, jobrun, mounting, status
 from datamount.errors import EXIT_FAILURE, EXIT_OK, DatamountError
 from datamount.log import setup_logging, shutdown_logging
 from datamount.settings import Settings
@@ -276,7 +276,7 @@ def _mount(ctx: app.Context, args: argparse.Namespace) -> None:
         print(path, flush=True)
         printed.append(path)
 
-    path = app.mount(
+    path = mounting.mount(
         ctx, Path(args.spec), Path(args.mountpoint), name=args.input,
         progress=_progress("download"),  # entered by the app for a download only
         foreground=args.foreground or args.ready_fd is not None,
@@ -362,7 +362,7 @@ def _status(ctx: app.Context, args: argparse.Namespace) -> None:
 
 
 def _unmount(ctx: app.Context, args: argparse.Namespace) -> None:
-    how = app.unmount(ctx, Path(args.mountpoint), timeout=args.timeout)
+    how = mounting.unmount(ctx, Path(args.mountpoint), timeout=args.timeout)
     print(f"{PROG}: {args.mountpoint}: {how}", file=sys.stderr)
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from datamount import app, outputs
+from datamount import app, mounting, outputs
 from datamount.errors import (
     EXIT_DATA,
     EXIT_OK,
@@ -223,7 +223,7 @@ class JobRun:
         started = time.monotonic()
         if entry.mode in (Mode.DOWNLOAD, Mode.EVAL_DOWNLOAD):
             folder.mkdir(parents=True, exist_ok=True)
-        path = app.mount(
+        path = mounting.mount(
             self.ctx, self._spec_path(), folder, name=entry.name, progress=None,
             daemon_argv=self.daemon_argv(entry, folder),
         )  # fmt: skip
@@ -313,7 +313,7 @@ class JobRun:
             try:
                 if item.mountpoint is not None:
                     # An upload output uploads (and registers) at its unmount.
-                    how = app.unmount(self.ctx, item.mountpoint, register=command_ok)
+                    how = mounting.unmount(self.ctx, item.mountpoint, register=command_ok)
                     self.say(f"{where}: {how}")
                 if command_ok and entry.mode is not Mode.UPLOAD:
                     registered = app.register_output(self.ctx, self.spec, entry)
@@ -336,7 +336,7 @@ class JobRun:
                 outputs.finish(settings.cache_dir, record)
                 continue
             try:
-                app.unmount(self.ctx, item.mountpoint)
+                mounting.unmount(self.ctx, item.mountpoint)
             except DatamountError as exc:
                 log.warning("%s: unmount failed: %s", item.mountpoint, exc)
 
