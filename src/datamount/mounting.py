@@ -14,6 +14,7 @@ import os
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ def mount(
     `progress` is entered here, around a download only.
     """
     readiness = mountd.Readiness(ready_fd)
+    launch = _Launch(foreground, daemon_argv, readiness, on_ready)
     try:
         spec = load_spec(spec_path)
         entry = spec.entry(name)
@@ -98,35 +100,51 @@ def mount(
             workspace = ctx.load_workspace(required=False) or Workspace.empty()
             return resolve_entry(spec, entry, workspace).uri()
         if entry.mode is Mode.RW_MOUNT:
-            return _rw_mount(
-                ctx, spec, entry, mountpoint, foreground=foreground, daemon_argv=daemon_argv,
-                readiness=readiness, on_ready=on_ready,
-            )  # fmt: skip
+            return _rw_mount(ctx, spec, entry, mountpoint, launch)
         if entry.mode not in (Mode.RO_MOUNT, Mode.EVAL_MOUNT):
             raise DatamountError(
                 f"{entry.direction}s.{entry.name}: mode {entry.mode.value} is not available"
             )
         if entry.direction != "input":
             raise SpecError(f"outputs.{entry.name}: {entry.mode.value} is an input mode")
-        return _ro_mount(
-            ctx, spec, entry, mountpoint, foreground=foreground, daemon_argv=daemon_argv,
-            readiness=readiness, on_ready=on_ready,
-        )  # fmt: skip
+        return _ro_mount(ctx, spec, entry, mountpoint, launch)
     except DatamountError as exc:
         readiness.fail(exc)
         raise
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """How a FUSE mount is started: in a background daemon (`daemon_argv`,
+    this process returns once it answers) or served here (`foreground`; the
+    spawned daemon itself has `readiness`, its end of the handshake)."""
+
+    foreground: bool
+    daemon_argv: list[str] | None
+    readiness: mountd.Readiness
+    on_ready: Callable[[Path], None] | None
+
+    def spawn(self, ctx: Context, mountpoint: Path, what: str) -> int:
+        """Start the daemon (with the context's environment: a job's
+        environment_variables tune it too); returns once the mount answers."""
+        if self.daemon_argv is None:
+            raise DatamountError("mount: no daemon command to start")
+        log_file = ctx.settings.log_dir / RUNTIME_LOG
+        pid = mountd.spawn(self.daemon_argv, mountpoint=mountpoint, log_file=log_file,
+                           env=ctx.environ)  # fmt: skip
+        log.info("%s at %s (daemon pid %d)", what, mountpoint, pid)
+        return pid
+
+    def serve(self, daemon: mountd.MountDaemon, path: Path) -> None:
+        """The mount answers: tell whoever waits, then serve until unmounted."""
+        self.readiness.ok()
+        if self.on_ready is not None:
+            self.on_ready(path)
+        daemon.run()
+
+
 def _ro_mount(
-    ctx: Context,
-    spec: JobSpec,
-    entry: DataInput,
-    mountpoint: Path,
-    *,
-    foreground: bool,
-    daemon_argv: list[str] | None,
-    readiness: mountd.Readiness,
-    on_ready: Callable[[Path], None] | None,
+    ctx: Context, spec: JobSpec, entry: DataInput, mountpoint: Path, launch: _Launch
 ) -> Path:
     """ro_mount, and eval_mount: the same read-only stack over the evaluated
     MLTable's files (evalmode.evaluated_store), evaluated by the process that
@@ -139,7 +157,7 @@ def _ro_mount(
     evaluated = entry.mode is Mode.EVAL_MOUNT
     label = f"inputs.{entry.name}"
     # The user-facing process records the activity; the daemon it spawns does not.
-    recording = readiness.fd is None
+    recording = launch.readiness.fd is None
     with contextlib.ExitStack() as cleanup:
         recorder = activity("mount", input=label, mountpoint=mountpoint, mode=entry.mode.value)
         with recorder if recording else contextlib.nullcontext():
@@ -153,14 +171,8 @@ def _ro_mount(
             path = (
                 mountpoint / location.key.rstrip("/").rpartition("/")[2] if is_file else mountpoint
             )
-            if not foreground:
-                if daemon_argv is None:
-                    raise DatamountError("mount: no daemon command to start")
-                pid = mountd.spawn(
-                    daemon_argv, mountpoint=mountpoint, log_file=settings.log_dir / RUNTIME_LOG,
-                    env=ctx.environ,
-                )  # fmt: skip
-                log.info("mounted %s at %s (daemon pid %d)", location.uri(), mountpoint, pid)
+            if not launch.foreground:
+                launch.spawn(ctx, mountpoint, f"mounted {location.uri()}")
                 return path
             root: str | None = None
             if store is None:
@@ -176,10 +188,7 @@ def _ro_mount(
             cleanup.callback(fs.close)
             daemon = _daemon(ctx, spec, entry, location, fs, stats, mountpoint, retry)
             daemon.start()
-        readiness.ok()
-        if on_ready is not None:
-            on_ready(path)
-        daemon.run()
+        launch.serve(daemon, path)
         return path
 
 
@@ -190,15 +199,7 @@ RW_ATTRIBUTE_TTL_MS = 2000
 
 
 def _rw_mount(
-    ctx: Context,
-    spec: JobSpec,
-    entry: DataInput,
-    mountpoint: Path,
-    *,
-    foreground: bool,
-    daemon_argv: list[str] | None,
-    readiness: mountd.Readiness,
-    on_ready: Callable[[Path], None] | None,
+    ctx: Context, spec: JobSpec, entry: DataInput, mountpoint: Path, launch: _Launch
 ) -> Path:
     """rw_mount: the ro_mount stack plus write-back staging (fs.writable,
     writeback). Staged files live in <cache>/staging/<hash of the output URI>/,
@@ -219,7 +220,7 @@ def _rw_mount(
         raise SpecError(f"{label}: a uri_file path must name a file, not a folder")
     # A uri_file shows as MOUNTPOINT/<its name>, the only name in the mount.
     path = mountpoint / location.key.rpartition("/")[2] if is_file else mountpoint
-    recording = readiness.fd is None
+    recording = launch.readiness.fd is None
     with contextlib.ExitStack() as cleanup:
         recorder = activity("mount", output=label, mountpoint=mountpoint)
         with recorder if recording else contextlib.nullcontext():
@@ -232,13 +233,8 @@ def _rw_mount(
                 next(iter(store.list_pages(prefix, delimiter="/")), None)
             except StorageError as exc:
                 raise OutputError(f"cannot reach {location.uri()}: {exc}") from None
-            if not foreground:
-                if daemon_argv is None:
-                    raise DatamountError("mount: no daemon command to start")
-                pid = mountd.spawn(
-                    daemon_argv, mountpoint=mountpoint, log_file=settings.log_dir / RUNTIME_LOG
-                )
-                log.info("rw-mounted %s at %s (daemon pid %d)", location.uri(), mountpoint, pid)
+            if not launch.foreground:
+                launch.spawn(ctx, mountpoint, f"rw-mounted {location.uri()}")
                 return path
             stats = MountStats()
             reader = make_reader(settings, store, stats, location)
@@ -273,10 +269,7 @@ def _rw_mount(
                 log.info("re-uploading %d files a previous mount left staged", recovered)
             daemon = _daemon(ctx, spec, entry, location, fs, stats, mountpoint, retry)
             daemon.start()
-        readiness.ok()
-        if on_ready is not None:
-            on_ready(path)
-        daemon.run()
+        launch.serve(daemon, path)
         if daemon.unsaved:
             raise OutputError(
                 f"{label}: {len(daemon.unsaved)} files could not be uploaded (kept in {staging}): "
