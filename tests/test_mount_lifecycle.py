@@ -34,7 +34,7 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
                               uri="https://x/c/p/", started=1.0, stats_file="/l/s.json")  # fmt: skip
     path = mountd.state_file(tmp_path, Path("/m"))
     assert path == mountd.state_file(tmp_path, Path("/m/../m/"))  # one file per mount point
-    mountd._write_json(path, state.__dict__)
+    mountd.write_json(path, state.__dict__)
     assert mountd.read_state(tmp_path, Path("/m")) == state
     path.write_text("{broken")
     assert mountd.read_state(tmp_path, Path("/m")) is None

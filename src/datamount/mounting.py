@@ -29,6 +29,7 @@ from datamount.app import (
     prepare_upload_output,
     resolve_entry,
 )
+from datamount.daemon import DaemonConfig, MountDaemon
 from datamount.errors import (
     DataError,
     DatamountError,
@@ -135,7 +136,7 @@ class _Launch:
         log.info("%s at %s (daemon pid %d)", what, mountpoint, pid)
         return pid
 
-    def serve(self, daemon: mountd.MountDaemon, path: Path) -> None:
+    def serve(self, daemon: MountDaemon, path: Path) -> None:
         """The mount answers: tell whoever waits, then serve until unmounted."""
         self.readiness.ok()
         if self.on_ready is not None:
@@ -348,7 +349,7 @@ def _daemon(
     stats: MountStats,
     mountpoint: Path,
     retry: RetryPolicy,
-) -> mountd.MountDaemon:
+) -> MountDaemon:
     settings = ctx.settings
     name = _safe_name(entry.name)
     stats_file = settings.log_dir / f"mount-stats-{name}.json"
@@ -362,7 +363,7 @@ def _daemon(
         started=time.time(),
         stats_file=str(stats_file),
     )
-    config = mountd.DaemonConfig(
+    config = DaemonConfig(
         mountpoint=mountpoint,
         fsname=f"datamount:{name}",
         ttl_seconds=attribute_ttl(settings),
@@ -387,7 +388,7 @@ def _daemon(
             "fs": fs.counters(),
         }
 
-    return mountd.MountDaemon(fs, config, snapshot)
+    return MountDaemon(fs, config, snapshot)
 
 
 def unmount(

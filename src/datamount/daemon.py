@@ -1,0 +1,295 @@
+"""The mount daemon itself (the spawned `mount`, or `mount --foreground`):
+serve a filesystem at a mount point until asked to go, then drain and unmount.
+
+- `MountDaemon` runs libfuse's loop on a thread (the main thread keeps Python
+  signal handlers: libfuse installs its own only where the handler is
+  SIG_DFL), writes the stats file every STATS_INTERVAL seconds, and on
+  SIGTERM/SIGINT/SIGHUP drains — waits up to DATASET_UNMOUNT_TIMEOUT_SECONDS
+  for open files to be closed — then unmounts (`fusermount3 -u`), and if the
+  mount is still busy at the deadline, forces it (`fusermount3 -uz` and ends
+  the loop).
+- rw_mount: once its loop has ended the daemon waits (the rest of the drain
+  time) for pending uploads (`fs.finish_writes`); what is still only staged
+  is named in the log and in `<state>.unsaved.json`, and `unmount` then fails
+  with OutputError (exit code 4).
+
+Threads: the caller's (main) thread and libfuse's loop thread with its
+workers. Imports `mountd` (mount table, state files, handshake), `errors`,
+`log` and, lazily (it loads libfuse), `fs.fuse_adapter`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from datamount.errors import DataError
+from datamount.log import activity
+
+if TYPE_CHECKING:
+    from datamount.fs.fuse_adapter import Adapter
+    from datamount.fs.ops import ReadOnlyFS
+
+from datamount.mountd import (
+    EXIT_WAIT,
+    POLL,
+    READAHEAD_KB,
+    READY_TIMEOUT,
+    STATS_INTERVAL,
+    STOP_SIGNALS,
+    MountState,
+    find_mount,
+    fusermount,
+    unsaved_file,
+    write_json,
+)
+
+log = logging.getLogger("datamount.daemon")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    mountpoint: Path
+    fsname: str
+    ttl_seconds: float | None  # None: attributes never expire
+    drain_timeout: float
+    max_threads: int
+    state: MountState
+    state_file: Path
+    stats_file: Path
+    allow_other: bool = os.geteuid() == 0
+    stats_interval: float = STATS_INTERVAL
+
+
+class MountDaemon:
+    """Serves one mount from the calling (main) thread: `start()` returns once
+    the mount answers, `run()` returns once it is gone."""
+
+    def __init__(
+        self, fs: ReadOnlyFS, config: DaemonConfig, stats: Callable[[], dict[str, Any]]
+    ) -> None:
+        self.fs = fs
+        self.config = config
+        self.stats = stats
+        self._ready = threading.Event()
+        self._ended = threading.Event()
+        self._wake = threading.Event()
+        self._signal: int | None = None
+        self._error: BaseException | None = None
+        self._adapter: Adapter | None = None
+        self._thread: threading.Thread | None = None
+        self._old_handlers: dict[int, Any] = {}
+        self.unsaved: list[str] = []  # rw_mount: blobs whose writes are only staged
+
+    @property
+    def mountpoint(self) -> Path:
+        return self.config.mountpoint
+
+    # -- start ---------------------------------------------------------------
+
+    def start(self, timeout: float = READY_TIMEOUT) -> None:
+        try:
+            from datamount.fs import fuse_adapter
+        except (ImportError, OSError) as exc:
+            raise DataError(f"FUSE is not available: {exc} (install fuse3)") from None
+        self._install_signals()
+        cfg = self.config
+
+        def loop() -> None:
+            try:
+                fuse_adapter.run(
+                    self.fs, str(cfg.mountpoint), ttl_seconds=cfg.ttl_seconds,
+                    fsname=cfg.fsname, allow_other=cfg.allow_other,
+                    max_threads=cfg.max_threads, on_ready=self._ready.set,
+                    adapter_ready=self._set_adapter,
+                )  # fmt: skip
+            except BaseException as exc:  # reported by start() / run()
+                self._error = exc
+            finally:
+                self._ended.set()
+                self._wake.set()
+
+        self._thread = threading.Thread(target=loop, name="fuse-loop", daemon=True)
+        self._thread.start()
+        try:
+            self._wait_answering(timeout)
+        except BaseException:
+            self._abandon()
+            raise
+        self._raise_readahead()
+        unsaved_file(cfg.state_file).unlink(missing_ok=True)  # a previous daemon's answer
+        write_json(cfg.state_file, asdict(cfg.state))
+        self._write_stats()
+        log.info("mounted %s (%s, pid %d)", cfg.mountpoint, cfg.fsname, os.getpid())
+
+    def _set_adapter(self, adapter: Adapter) -> None:
+        self._adapter = adapter
+
+    def _wait_answering(self, timeout: float) -> None:
+        """Until the kernel connected and a stat of the mount point reaches us."""
+        deadline = time.monotonic() + timeout
+        parent_dev = os.stat(self.mountpoint.parent).st_dev
+        while True:
+            if self._ended.is_set():
+                why = self._error or "libfuse stopped"
+                raise DataError(f"mounting {self.mountpoint} failed: {why} (details in the log)")
+            if self._signal is not None:
+                raise DataError(f"mounting {self.mountpoint} interrupted by signal {self._signal}")
+            if self._ready.is_set():
+                with contextlib.suppress(OSError):
+                    if os.stat(self.mountpoint).st_dev != parent_dev:
+                        return
+            if time.monotonic() >= deadline:
+                raise DataError(f"mounting {self.mountpoint} did not complete in {timeout:.0f} s")
+            self._wake.wait(POLL / 2)
+            self._wake.clear()
+
+    def _abandon(self) -> None:
+        """Start-up failed: leave no mount and no handlers behind (a loop that
+        never reached init cannot be stopped: it ends with this process)."""
+        if not self._ended.is_set():
+            self._force(detach=find_mount(self.mountpoint) is not None)
+        self._restore_signals()
+
+    def _raise_readahead(self) -> None:
+        entry = find_mount(self.mountpoint)
+        if entry is None:
+            return
+        knob = Path(f"/sys/class/bdi/{entry.device}/read_ahead_kb")
+        try:
+            knob.write_text(str(READAHEAD_KB))
+        except OSError as exc:  # not root, or a read-only /sys: the kernel default stays
+            log.info("readahead of %s left as is: %s", self.mountpoint, exc.strerror or exc)
+
+    # -- signals ---------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # handlers need the main thread; unmount then comes from outside only
+        for sig in STOP_SIGNALS:
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        # Interrupts libfuse's loop thread in a forced stop (fuse_adapter.WAKE_SIGNAL).
+        self._old_handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda s, f: None)
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._signal is None:
+            self._signal = signum
+        self._wake.set()
+
+    # -- serve -------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until unmounted from outside or told to stop by a signal."""
+        cfg = self.config
+        next_stats = time.monotonic() + cfg.stats_interval
+        try:
+            while not self._ended.is_set() and self._signal is None:
+                self._wake.wait(max(0.0, next_stats - time.monotonic()))
+                self._wake.clear()
+                if time.monotonic() >= next_stats:
+                    self._write_stats()
+                    next_stats = time.monotonic() + cfg.stats_interval
+            if self._ended.is_set():
+                log.info("%s was unmounted from outside the daemon", cfg.mountpoint)
+                self._finish_writes(cfg.drain_timeout)
+            else:
+                name = signal.Signals(self._signal or signal.SIGTERM).name
+                with activity("unmount", mountpoint=cfg.mountpoint, reason=name):
+                    started = time.monotonic()
+                    self.drain_and_unmount(cfg.drain_timeout)
+                    self._finish_writes(cfg.drain_timeout - (time.monotonic() - started))
+        finally:
+            self._finish()
+
+    def _finish_writes(self, timeout: float) -> None:
+        """rw_mount: the FUSE loop is over; wait (up to `timeout` s, the rest of
+        the drain time) for pending uploads. What is still not uploaded is
+        recorded next to the state file for the `unmount` command (exit code 4);
+        a daemon killed meanwhile leaves {"pending": true} there."""
+        if not self.fs.writable:
+            return
+        answer = unsaved_file(self.config.state_file)
+        with contextlib.suppress(OSError):
+            write_json(answer, {"pending": True})
+        self.unsaved = self.fs.finish_writes(max(0.0, timeout))
+        try:
+            if self.unsaved:
+                log.error("%s: %d files not uploaded (kept in staging): %s", self.mountpoint,
+                          len(self.unsaved), ", ".join(self.unsaved))  # fmt: skip
+                write_json(answer, {"pending": False, "unsaved": self.unsaved})
+            else:
+                answer.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", answer, exc)
+
+    def drain_and_unmount(self, timeout: float) -> None:
+        """Wait (up to `timeout` s) for open files to close, unmount; force
+        it when the mount is still busy at the deadline."""
+        mp = self.mountpoint
+        deadline = time.monotonic() + timeout
+        if find_mount(mp) is None:
+            log.info("%s is already detached; stopping", mp)
+            self._force(detach=False)
+            return
+        if not self.fs.wait_idle(timeout):
+            log.warning("%s: files still open after %.0f s", mp, timeout)
+        while True:
+            ok, message = fusermount(mp)
+            if ok or find_mount(mp) is None:
+                break
+            if time.monotonic() >= deadline:
+                log.warning("%s still busy after %.0f s (%s): forcing the unmount",
+                            mp, timeout, message)  # fmt: skip
+                self._force()
+                return
+            time.sleep(POLL)
+        if not self._ended.wait(EXIT_WAIT):
+            self._force(detach=False)
+        log.info("unmounted %s", mp)
+
+    def _force(self, *, detach: bool = True) -> None:
+        """Detach the mount now (open files keep it alive in the kernel) and end
+        libfuse's loop, which would otherwise serve those files on."""
+        if detach:
+            fusermount(self.mountpoint, lazy=True)
+        if self._adapter is not None and self._thread is not None:
+            self._adapter.stop_loop(self._thread)
+            self._ended.wait(EXIT_WAIT)
+
+    def _write_stats(self) -> None:
+        try:
+            write_json(self.config.stats_file, self.stats())
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.config.stats_file, exc)
+
+    def _finish(self) -> None:
+        cfg = self.config
+        self._write_stats()
+        log.info("mount stats %s: %s", cfg.mountpoint, json.dumps(self.stats(), sort_keys=True))
+        with contextlib.suppress(OSError):
+            current = json.loads(cfg.state_file.read_text())
+            if current.get("pid") == os.getpid():
+                cfg.state_file.unlink()
+        self._restore_signals()
+        if not self._ended.is_set():
+            # libfuse did not let go: leave now rather than hang (the kernel
+            # aborts the connection when this process's /dev/fuse fd closes).
+            log.error("the FUSE loop of %s did not end; exiting", cfg.mountpoint)
+            logging.shutdown()
+            os._exit(1)
+        self.fs.close()
