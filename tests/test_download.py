@@ -398,3 +398,41 @@ def test_tmpfs_destination_falls_back_to_buffered_writes(tmp_path: Path) -> None
             "", Path(dest), is_file=False, source_id="t"
         )
         assert tree(Path(dest)) == expected(blobs)
+
+
+def test_small_files_are_fsynced_in_groups_before_their_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: every file is fsync'd before it gets its final name, in
+    groups of GROUP_COMMIT_FILES; a file above GROUP_COMMIT_MAX_FILE alone."""
+    import datamount.transfer.download as download_module
+
+    monkeypatch.setattr(download_module, "GROUP_COMMIT_FILES", 8)
+    monkeypatch.setattr(download_module, "GROUP_COMMIT_MAX_FILE", 2 * RANGE)
+    blobs = {f"s/f{i:02d}.bin": data(1000 + i) for i in range(21)}
+    blobs["s/big.bin"] = data(3 * RANGE)
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        real_fsync(fd)
+
+    def replace(src: os.PathLike[str], dst: os.PathLike[str]) -> None:
+        events.append(("rename", os.path.basename(src)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(download_module.os, "fsync", fsync)
+    monkeypatch.setattr(download_module.os, "replace", replace)
+    Downloader(MemoryStore(blobs), options(threads=4)).download(
+        "s/", tmp_path, is_file=False, source_id="t"
+    )
+    assert tree(tmp_path) == expected(blobs, "s/")
+    parts = [name for kind, name in events if kind == "fsync" and name.endswith(".part")]
+    assert sorted(parts) == sorted(f".{name[2:]}.part" for name in blobs)  # each once
+    for index, (kind, name) in enumerate(events):
+        if kind == "rename" and name.endswith(".part"):
+            assert ("fsync", name) in events[:index], f"{name} renamed before its fsync"
+    # Small files commit in groups: the first small rename follows 8 small fsyncs.
+    first = next(i for i, (k, n) in enumerate(events) if k == "rename" and n.startswith(".f"))
+    assert sum(1 for k, n in events[:first] if k == "fsync" and n.startswith(".f")) == 8

@@ -4,7 +4,8 @@ final name.
 
 - Parallel over files and over fixed ranges of large files: every file is
   written into one pre-sized hidden `.<name>.part` beside its final path with
-  positional writes, then fsync'd, size-checked and atomically renamed.
+  positional writes, then size-checked, fsync'd (small files in groups: one
+  journal commit for many files) and atomically renamed.
 - The listing streams: the first page's downloads start while later pages are
   still being listed. The free-space check runs on each page before any of its
   files starts (a one-page listing is checked in full before anything is written).
@@ -38,6 +39,11 @@ from datamount.transfer.progress import Progress, human
 from datamount.transfer.source import SourceFile, folder_pages, single_file
 
 log = logging.getLogger("datamount.transfer.download")
+
+# Group commit (Downloader._finish): files up to this size are fsync'd in
+# groups of this many, once their writes are all done.
+GROUP_COMMIT_FILES = 64
+GROUP_COMMIT_MAX_FILE = 16 << 20
 
 # 8 MiB ranges: large enough that the per-request cost (~1 ms through the SDK,
 # less raw) is <2% of a range at ~800 MB/s, small enough that 32 workers hold
@@ -113,6 +119,9 @@ class Downloader:
         self._jobs_lock = threading.Lock()
         self._idle = threading.Condition(self._jobs_lock)
         self._made_dirs: set[Path] = set()
+        self._group: list[_Job] = []  # complete files waiting for their group commit
+        self._group_lock = threading.Lock()
+        self._commit_lock = threading.Lock()
         self._restarts = 0
         self._direct = options.direct_io
 
@@ -174,8 +183,8 @@ class Downloader:
             if self._error is None:
                 dest.mkdir(parents=True, exist_ok=True)  # an empty folder is a result too
         finally:
+            self._cleanup_failed()  # may still record committed files
             manifest.close()
-            self._cleanup_failed()
         if self._error is not None:
             raise self._error
         return DownloadResult(
@@ -387,12 +396,51 @@ class Downloader:
             self._schedule(job, slots=False)  # from a worker: must not wait for a slot
 
     def _finish(self, job: _Job) -> None:
-        if self.options.fsync:
-            os.fsync(job.fd)
+        """A file's bytes are all written: check its size, make it durable,
+        rename it to its final name, record it.
+
+        Small files are made durable in groups (group commit): each `fsync`
+        of a file commits the filesystem journal, and on ext4 one commit
+        covers every file written before it, so fsyncing a group of files
+        whose writes are all done costs about one commit instead of one per
+        file (2,000 × 256 KiB: 4.4 s of fsyncs → 0.9 s here). Until the group
+        is committed its files keep their `.part` names."""
         size = os.fstat(job.fd).st_size
-        self._close_fds(job)
         if size != job.src.size:
+            self._close_fds(job)
             raise DatamountError(f"{job.part}: size {size} after download, expected {job.src.size}")
+        if not self.options.fsync or job.src.size > GROUP_COMMIT_MAX_FILE:
+            if self.options.fsync:
+                os.fsync(job.fd)
+            self._close_fds(job)
+            self._publish(job)
+            return
+        with self._group_lock:
+            self._group.append(job)
+            full = len(self._group) >= GROUP_COMMIT_FILES
+        if full:
+            self._commit_group()
+        else:
+            with self._jobs_lock:
+                self._idle.notify_all()  # the last files may all be waiting for a commit
+
+    def _commit_group(self) -> None:
+        """fsync every file of the current group, then rename them all."""
+        with self._commit_lock:  # one commit at a time; others keep downloading
+            with self._group_lock:
+                group, self._group = self._group, []
+            try:
+                for job in group:
+                    os.fsync(job.fd)
+            except BaseException:
+                for job in group:
+                    self._drop(job)
+                raise
+            for job in group:
+                self._close_fds(job)
+                self._publish(job)
+
+    def _publish(self, job: _Job) -> None:
         os.replace(job.part, job.final)
         self._manifest.record(job.src.rel, job.src.size, job.src.etag)
         self.progress.file_done()
@@ -411,10 +459,19 @@ class Downloader:
                 self._idle.notify_all()
 
     def _wait_idle(self) -> None:
+        """Until every file is done or waits only for its group commit; then
+        commit the last group. After a failure the pool's shutdown (leaving
+        the with-block) waits for the tasks, and `_cleanup_failed` commits the
+        complete files and drops the rest."""
         with self._jobs_lock:
-            while self._jobs and not self._cancel.is_set():
+            while not self._cancel.is_set():
+                with self._group_lock:
+                    grouped = len(self._group)
+                if len(self._jobs) <= grouped:
+                    break
                 self._idle.wait(0.5)
-        # After a failure the pool's shutdown (leaving the with-block) waits for tasks.
+        if not self._cancel.is_set():
+            self._commit_group()
 
     def _fail(self, exc: BaseException) -> None:
         with self._error_lock:
@@ -424,7 +481,13 @@ class Downloader:
         self._cancel.set()
 
     def _cleanup_failed(self) -> None:
-        """After the pool has stopped: no .part file survives a failed run."""
+        """After the pool has stopped: files complete and waiting for their
+        group commit are committed (a re-run skips them); no .part file
+        survives a failed run."""
+        try:
+            self._commit_group()
+        except OSError as exc:
+            log.warning("could not commit the last completed files: %s", exc)
         with self._jobs_lock:
             jobs = list(self._jobs)
         for job in jobs:
