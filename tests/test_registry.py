@@ -57,7 +57,7 @@ def test_duplicate_version_is_refused(tmp_path: Path) -> None:
         register(ws, "declared", "3", type_="uri_folder", path="/data/")
     with pytest.raises(WorkspaceError, match=r"needs a workspace file"):
         register(Workspace.empty(), "model", None, type_="uri_file", path="/x")
-    with pytest.raises(WorkspaceError, match=r"must be non-empty"):
+    with pytest.raises(WorkspaceError, match=r"not a data asset name"):
         register(ws, "a/b", None, type_="uri_file", path="/x")
     assert [v.version for v in workspace(tmp_path).config.data_assets["model"]] == ["1"]
 

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -138,8 +139,10 @@ def test_run_every_mode_end_to_end(
     assert not mounted(workdir / "outputs" / "ckpt")
     assert registry(tmp_path)["ckpt"][0]["path"] == "azureml://datastores/store/paths/out/ckpt/"
 
-    assert registry(tmp_path)["mymodel"][0] | {"created": None} == {
-        "version": "1", "type": "uri_folder", "job": "testjob", "created": None,
+    registered = registry(tmp_path)["mymodel"][0]
+    assert re.fullmatch(r"testjob_\d{8}_\d{6}_[0-9a-f]{6}", registered["job"])  # the run's name
+    assert registered | {"created": None, "job": None} == {
+        "version": "1", "type": "uri_folder", "job": None, "created": None,
         "path": "azureml://datastores/store/paths/out/model/",
     }  # fmt: skip
     assert not mounted(workdir / "inputs" / "train")
@@ -418,3 +421,197 @@ def test_sigterm_while_preparing_undoes_what_was_prepared(
     assert not marker.exists()
     assert not mounted(train)
     assert not list(container.list_blobs(name_starts_with="out/"))
+
+
+# -- fixes from review: finishing is not interruptible, nothing lost ---------------
+
+
+def outputs_job(tmp_path: Path, command: str, outputs: dict) -> Path:
+    """A job with no inputs and the given outputs."""
+    return job_file(tmp_path, command, inputs={}, outputs=outputs)
+
+
+def test_signal_while_writing_outputs_finishes_them(
+    azurite, container, seeded, tmp_path: Path
+) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**mount_env(azurite, tmp_path, seeded), "TMPDIR": str(scratch)}
+    outs = {
+        "up": {"type": "uri_folder", "mode": "upload",
+               "path": "azureml://datastores/store/paths/sig/up/"},
+        "rw": {"type": "uri_folder", "mode": "rw_mount",
+               "path": "azureml://datastores/store/paths/sig/rw/"},
+    }  # fmt: skip
+    command = (
+        "echo keep > ${{outputs.rw}}/keep.txt; "
+        "for i in $(seq 1 400); do echo $i > ${{outputs.up}}/f$i.txt; done"
+    )
+    proc = subprocess.Popen(
+        [EXE, "run", str(outputs_job(tmp_path, command, outs))],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # once the command is done, interrupt the finishing
+            if "the command exited" in line:
+                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGINT)
+                break
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert blob(container, "sig/rw/keep.txt") == b"keep\n"
+    assert len(list(container.list_blobs(name_starts_with="sig/up/"))) == 400
+    assert list(scratch.iterdir()) == []
+    with open("/proc/mounts") as f:
+        assert str(scratch) not in f.read()
+
+
+def test_failed_upload_keeps_the_data_and_unmount_retries_it(
+    azurite, container, seeded, tmp_path: Path, proxy: FaultProxy
+) -> None:
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    via = SimpleNamespace(account=azurite.account, key=azurite.key, endpoint=proxy.endpoint)
+    env = {
+        **mount_env(via, tmp_path, seeded, AZUREML_DATASET_HTTP_RETRY_COUNT="0"),
+        "TMPDIR": str(scratch),
+    }
+    outs = {"model": {"type": "uri_folder", "mode": "upload", "name": "kept",
+                      "path": "azureml://datastores/store/paths/kept/"}}  # fmt: skip
+    proxy.deny_writes("kept/model.bin")
+    job = outputs_job(tmp_path, "head -c 100000 /dev/urandom > ${{outputs.model}}/model.bin", outs)
+    out = datamount("run", str(job), env=env)
+    assert out.returncode == 4, out.stderr
+    assert "outputs not uploaded yet" in out.stderr
+    [workdir] = scratch.iterdir()
+    local = workdir / "outputs" / "model" / "model.bin"
+    assert local.stat().st_size == 100000  # nothing lost
+    proxy.allow_writes("kept/model.bin")
+    again = datamount("unmount", str(workdir / "outputs" / "model"), env=env)
+    assert again.returncode == 0, again.stderr
+    assert len(blob(container, "kept/model.bin")) == 100000
+
+
+def test_unreachable_output_fails_before_the_command(
+    azurite, container, seeded, tmp_path: Path
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    ws = Path(env["DATAMOUNT_WORKSPACE"])
+    ws.write_text(ws.read_text().replace(f"container_name: {seeded}", "container_name: nosuch"))
+    marker = tmp_path / "ran"
+    outs = {"o": {"type": "uri_folder", "mode": "upload",
+                  "path": "azureml://datastores/store/paths/x/"}}  # fmt: skip
+    out = datamount("run", str(outputs_job(tmp_path, f"touch {marker}", outs)), env=env)
+    assert out.returncode == 3 and "outputs.o: cannot write to" in out.stderr
+    assert not marker.exists()
+
+
+def test_closed_stderr_does_not_stop_the_outputs(
+    azurite, container, seeded, tmp_path: Path, mounts: Mounts
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    outs = {"rw": {"type": "uri_folder", "mode": "rw_mount",
+                   "path": "azureml://datastores/store/paths/pipe/"}}  # fmt: skip
+    workdir = tmp_path / "w"
+    mounts.point(workdir / "outputs" / "rw")
+    job = outputs_job(tmp_path, "echo p > ${{outputs.rw}}/p.txt", outs)
+    proc = subprocess.Popen(
+        [EXE, "run", str(job), "--workdir", str(workdir)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    proc.stderr.close()  # whoever read our stderr went away
+    assert proc.wait(timeout=120) == 0
+    assert blob(container, "pipe/p.txt") == b"p\n"
+    assert not mounted(workdir / "outputs" / "rw")
+
+
+def test_leftover_processes_are_ended_even_when_they_ignore_sigterm(
+    azurite, container, seeded, tmp_path: Path
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    tag = f"sleep {random.randint(10_000, 99_999)}"
+    job = outputs_job(tmp_path, f"(trap '' TERM; exec -a stubborn {tag}) >/dev/null 2>&1 &", {})
+    out = datamount("run", str(job), env=env)
+    assert out.returncode == 0, out.stderr
+    left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True)
+    assert left.stdout == ""
+
+
+def test_each_run_writes_its_own_default_output_path(
+    azurite, container, seeded, tmp_path: Path
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    outs = {"res": {"type": "uri_folder", "mode": "upload", "name": "res"}}
+    ws = Path(env["DATAMOUNT_WORKSPACE"])
+    ws.write_text(ws.read_text().replace("  store:", "  workspaceblobstore:"))
+    job = outputs_job(tmp_path, "echo $RANDOM > ${{outputs.res}}/r.txt", outs)
+    for _ in range(2):
+        out = datamount("run", str(job), env=env)
+        assert out.returncode == 0, out.stderr
+    paths = [v["path"] for v in registry(tmp_path)["res"]]
+    assert len(set(paths)) == 2 and all(p.startswith(
+        "azureml://datastores/workspaceblobstore/paths/testjob_") for p in paths)  # fmt: skip
+    names = {b.name.rsplit("/", 2)[0] for b in container.list_blobs(name_starts_with="testjob_")}
+    assert len(names) == 2
+
+
+def test_optional_input_left_out_drops_its_block(
+    azurite, container, seeded, tmp_path: Path
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    inputs = {"o": {"type": "uri_folder", "optional": True},
+              "flag": {"type": "boolean", "default": "false"}}  # fmt: skip
+    job = job_file(
+        tmp_path, "echo A $[[--data ${{inputs.o}}]] B ${{inputs.flag}}", inputs=inputs, outputs={}
+    )
+    out = datamount("run", str(job), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["A", "B", "False"]
+
+    job = job_file(tmp_path, "echo ${{inputs.o}}", inputs=inputs, outputs={})
+    bad = datamount("run", str(job), env=env)
+    assert bad.returncode == 2 and "${{inputs.o}} has no value" in bad.stderr
+
+
+def test_an_unwritten_uri_file_output_is_not_registered(
+    azurite, container, seeded, tmp_path: Path, mounts: Mounts
+) -> None:
+    env = mount_env(azurite, tmp_path, seeded)
+    outs = {"m": {"type": "uri_file", "mode": "rw_mount", "name": "never",
+                  "path": "azureml://datastores/store/paths/never/m.json"}}  # fmt: skip
+    workdir = tmp_path / "w"
+    mounts.point(workdir / "outputs" / "m")
+    out = datamount("run", str(outputs_job(tmp_path, "true", outs)), "--workdir", str(workdir),
+                    env=env)  # fmt: skip
+    assert out.returncode == 4 and "wrote no file" in out.stderr
+    assert not (tmp_path / "ws.assets.yaml").exists()
+
+
+def test_two_unmounts_of_one_upload_output(azurite, container, tmp_path: Path) -> None:
+    env = mount_env(azurite, tmp_path, container.container_name)
+    folder = prepare_upload(tmp_path, env, {"path": "azureml://datastores/store/paths/two/"})
+    for i in range(200):
+        (folder / f"f{i}.txt").write_text(str(i))
+    procs = [
+        subprocess.Popen([EXE, "unmount", str(folder)], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = sorted(
+        ((p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs),
+        key=lambda r: "uploaded 200 files" not in r[1],  # the one that uploaded first
+    )
+    # One uploads; the other waits for it and finds it done — or, arriving after
+    # it finished, finds nothing to unmount. Never an unexpected error.
+    assert results[0][0] == 0 and "uploaded 200 files" in "".join(e for _, e in results)
+    second = results[1]
+    assert (
+        second[0] == 0
+        and "already uploaded" in second[1]
+        or (second[0] == 3 and "is not mounted" in second[1])
+    ), results
+    assert len(list(container.list_blobs(name_starts_with="two/"))) == 200

@@ -172,7 +172,37 @@ def test_all_problems_reported_at_once() -> None:
             {"inputs": {"a": {"path": DS}}},
             "inputs.a.type: required; allowed: uri_file, uri_folder, mltable",
         ),
-        ({"inputs": {"a": {"type": "uri_file"}}}, "inputs.a.path: required for an input"),
+        (
+            {"inputs": {"a": {"type": "uri_file"}}},
+            "inputs.a.path: required for an input (or set `optional: true`)",
+        ),
+        (
+            {"outputs": {"o": {"type": "uri_file", "mode": "upload"}}},
+            "outputs.o.path: a uri_file output needs a path (it names the file)",
+        ),
+        (
+            {"inputs": {"../x": {"type": "uri_file", "path": DS}}},
+            "inputs.../x: not a valid name (letters, digits and '_', not starting with a "
+            "digit, at most 255 characters)",
+        ),
+        (
+            {"outputs": {"o": {"path": DS, "name": "bad name"}}},
+            "outputs.o.name: 'bad name' is not a data asset name (letters, digits, '_', '-', '.')",
+        ),
+        (
+            {"outputs": {"o": {"path": DS, "name": "m", "version": 1.10}}},
+            "outputs.o.version: 1.1 is a number in YAML: quote the version (e.g. '1.10') so "
+            "it stays as written",
+        ),
+        (
+            {"inputs": {"s": {"type": "string"}}},
+            "inputs.s: a string input needs a value (`default:` or `value:`) unless it is "
+            "`optional: true`",
+        ),
+        (
+            {"inputs": {"b": {"type": "boolean", "default": "maybe"}}},
+            "inputs.b.value: 'maybe' is not a valid boolean",
+        ),
         (
             {"inputs": {"a": {"type": "uri_file", "path": DS, "mode": "rw"}}},
             "inputs.a.mode: 'rw' is not allowed for a uri_file input; allowed: download, ro_mount, direct",
@@ -249,3 +279,21 @@ def test_entry_selection() -> None:
 @pytest.mark.parametrize("name", ["input-single.yaml", "inputs-outputs.yaml", "command-job.yaml"])
 def test_sample_specs_are_valid(name: str) -> None:
     assert load_spec(CONFIGS / name).source == CONFIGS / name
+
+
+def test_literal_values_keep_their_type_and_optional_inputs_may_be_left_out() -> None:
+    spec = parse_spec(
+        {
+            "command": "echo ${{inputs.f}} ${{inputs.t}} $[[--opt ${{inputs.o}}]]",
+            "inputs": {
+                "f": {"type": "boolean", "default": "false"},
+                "t": {"type": "boolean", "default": "yes"},
+                "n": {"type": "integer", "default": "3"},
+                "s": {"type": "string", "optional": True},
+                "o": {"type": "uri_folder", "optional": True},
+            },
+        }
+    )
+    literals = {k: v.value for k, v in spec.inputs.items() if isinstance(v, LiteralInput)}
+    assert literals == {"f": False, "t": True, "n": 3, "s": None}
+    assert "o" not in spec.inputs  # left out: its $[[...]] block is dropped at run time

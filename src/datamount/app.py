@@ -49,6 +49,10 @@ class Context:
     environ: Mapping[str, str]
     cwd: Path
     workspace_flag: str | None = None
+    run_name: str | None = None  # `run`: this run's unique name (default output paths)
+
+    def load_spec(self, path: Path) -> JobSpec:
+        return load_spec(path, run_name=self.run_name)
 
     def workspace_path(self) -> Path:
         flag = self.workspace_flag or (
@@ -104,7 +108,7 @@ def validate(ctx: Context, spec_path: Path) -> Validation:
     Pure: no network. Every problem of every entry is reported at once.
     """
     with activity("validate"):
-        spec = load_spec(spec_path)
+        spec = ctx.load_spec(spec_path)
         workspace = ctx.load_workspace(required=False)
         if workspace is None:
             return Validation(spec, None)
@@ -135,7 +139,7 @@ def resolve(ctx: Context, target: str, input_name: str | None) -> list[tuple[str
             location = workspace.resolve(parse(target, "URI"), where="URI", base_dir=ctx.cwd)
             _log_resolved("URI", target, location)
             return [("uri", location.uri())]
-        spec = load_spec(path)
+        spec = ctx.load_spec(path)
         workspace = ctx.load_workspace()
         assert workspace is not None
         entry = spec.entry(input_name)
@@ -193,7 +197,7 @@ def target(ctx: Context, source: str, name: str | None, direction: str) -> Targe
     path = Path(source)
     workspace = ctx.load_workspace(required=False) or Workspace.empty()
     if path.is_file() and path.suffix in (".yaml", ".yml"):
-        spec = load_spec(path)
+        spec = ctx.load_spec(path)
         entry = spec.entry(name)
         location = resolve_entry(spec, entry, workspace)
         return Target(location, entry.type is DataType.URI_FILE, f"{entry.direction}s.{entry.name}")
@@ -236,6 +240,7 @@ def download(
                 reserved_free_disk_space=settings.reserved_free_disk_space,
                 overwrite=overwrite,
                 fsync=settings.download_fsync,
+                manifest_dir=settings.cache_dir / "manifests",
             )
             downloader = Downloader(store, options, progress)
             result = downloader.download(tgt.location.key, dest, is_file=is_file, source_id=uri)
@@ -280,6 +285,7 @@ def eval_download(
                 reserved_free_disk_space=settings.reserved_free_disk_space,
                 overwrite=overwrite,
                 fsync=settings.download_fsync,
+                manifest_dir=settings.cache_dir / "manifests",
             )
             downloader = Downloader(store, options, progress)
             result = downloader.download("", dest, is_file=False, source_id=f"eval:{uri}")
@@ -346,6 +352,7 @@ def prepare_upload_output(ctx: Context, spec: JobSpec, entry: DataInput, folder:
     location = resolve_entry(spec, entry, workspace)  # fails now, not after the job
     if location.kind is StorageKind.HTTP:
         raise UriError(f"outputs.{entry.name}.path: cannot upload to a public http(s) URL")
+    _check_destination(ctx, location, f"outputs.{entry.name}")
     file_name = None
     if entry.type is DataType.URI_FILE:
         file_name = location.key.rstrip("/").rpartition("/")[2] or entry.name
@@ -355,10 +362,26 @@ def prepare_upload_output(ctx: Context, spec: JobSpec, entry: DataInput, folder:
         output=entry.name,
         workspace=str(workspace.source.resolve()) if workspace.source else None,
         file_name=file_name,
+        run_name=ctx.run_name,
     )
     path = outputs.prepare(ctx.settings.cache_dir, record)
     log.info("outputs.%s: upload mode, local folder %s -> %s", entry.name, folder, location.uri())
     return path
+
+
+def _check_destination(ctx: Context, location: StorageLocation, label: str) -> None:
+    """One listing request: the container exists and the credential reaches it
+    (so a job learns before it runs, not after, that its output cannot land)."""
+    if location.kind is StorageKind.LOCAL:
+        return
+    store = make_store(ctx.settings, location, make_retry(ctx.settings))
+    try:
+        prefix = location.key.rpartition("/")[0]
+        next(iter(store.list_pages(prefix + "/" if prefix else "", delimiter="/")), None)
+    except StorageError as exc:
+        raise OutputError(f"{label}: cannot write to {location.uri()}: {exc}") from None
+    finally:
+        store.close()
 
 
 def finish_upload_output(
@@ -368,9 +391,16 @@ def finish_upload_output(
     False), empty the local folder."""
     if record.workspace and not ctx.workspace_flag:
         ctx = dataclasses.replace(ctx, workspace_flag=record.workspace)
-    spec = load_spec(Path(record.spec))
+    ctx = dataclasses.replace(ctx, run_name=record.run_name)
+    spec = ctx.load_spec(Path(record.spec))
     entry = spec.entry(record.output)
     src = outputs.source(record)
+    if not Path(record.mountpoint).is_dir():
+        outputs.finish(ctx.settings.cache_dir, record)
+        raise OutputError(
+            f"outputs.{entry.name}: the local folder {record.mountpoint} is gone: nothing "
+            "left to upload (its record is removed)"
+        )
     if record.file_name and not src.is_file():
         raise OutputError(f"outputs.{entry.name}: the job wrote no file at {src}")
     result = upload(ctx, src, record.spec, name=record.output, progress=None)
@@ -378,6 +408,23 @@ def finish_upload_output(
     outputs.finish(ctx.settings.cache_dir, record)
     done = f"uploaded {result.files} files ({result.bytes} bytes)"
     return done + (f", registered {registered}" if registered else "")
+
+
+def _check_written(ctx: Context, spec: JobSpec, entry: DataInput, workspace: Workspace) -> None:
+    """A uri_file output registers only a file that exists (one stat)."""
+    location = resolve_entry(spec, entry, workspace)
+    store = make_store(ctx.settings, location, make_retry(ctx.settings))
+    try:
+        store.stat(location.key)
+    except ObjectNotFound:
+        raise OutputError(
+            f"outputs.{entry.name}: the job wrote no file at {location.uri()}; "
+            f"data asset {entry.asset_name!r} not registered"
+        ) from None
+    except StorageError as exc:
+        raise OutputError(f"outputs.{entry.name}: cannot check {location.uri()}: {exc}") from None
+    finally:
+        store.close()
 
 
 def register_output(ctx: Context, spec: JobSpec, entry: DataInput) -> str | None:
@@ -390,10 +437,12 @@ def register_output(ctx: Context, spec: JobSpec, entry: DataInput) -> str | None
             f"outputs.{entry.name}: registering data asset {entry.asset_name!r} needs a "
             f"workspace file ({ctx.workspace_path()} not found)"
         )
+    if entry.type is DataType.URI_FILE:
+        _check_written(ctx, spec, entry, workspace)
     try:
         version = registry.register(
             workspace, entry.asset_name, entry.asset_version, type_=entry.type.value,
-            path=entry.path, description=entry.description, job=spec.name,
+            path=entry.path, description=entry.description, job=ctx.run_name or spec.name,
         )  # fmt: skip
     except InvalidInput as exc:
         raise OutputError(f"outputs.{entry.name}: {exc}") from None

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from datamount import __version__, app, jobrun, mounting, status
-from datamount.errors import EXIT_FAILURE, EXIT_OK, DatamountError
+from datamount.errors import EXIT_FAILURE, EXIT_OK, DataError, DatamountError, StorageError
 from datamount.log import setup_logging, shutdown_logging
 from datamount.settings import Settings
 from datamount.spec import load_spec
@@ -122,8 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="FUSE mounts: serve the mount in this process until it is unmounted or signalled",
     )
-    # Internal: the daemon's end of the start-up handshake with `mount`.
+    # Internal: the daemon's end of the start-up handshake with `mount`, and
+    # the unique name of the `run` that started it (default output paths).
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--run-name", help=argparse.SUPPRESS)
 
     p = sub.add_parser(
         "unmount",
@@ -188,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DatamountError as exc:
         return _fail(exc)
     _start_logging(settings, args.command)
-    ctx = app.Context(settings, dict(os.environ), Path.cwd(), args.workspace)
+    run_name = getattr(args, "run_name", None)
+    ctx = app.Context(settings, dict(os.environ), Path.cwd(), args.workspace, run_name)
     return _guarded(args.command, settings, lambda: _run(ctx, args))
 
 
@@ -200,6 +203,9 @@ def _guarded(command: str, settings: Settings, body: Callable[[], int]) -> int:
     except DatamountError as exc:
         log.info("%s failed: %s", command, exc)
         return _fail(exc)
+    except StorageError as exc:  # storage refused before any layer could say more
+        log.info("%s failed: %s", command, exc)
+        return _fail(DataError(str(exc)))
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
@@ -303,6 +309,8 @@ def _mount_argv(ctx: app.Context, spec: Path, mountpoint: Path, name: str | None
     ]  # fmt: skip
     if name:
         argv += ["--input", name]
+    if ctx.run_name:
+        argv += ["--run-name", ctx.run_name]
     workspace = ctx.workspace_path()
     if ctx.workspace_is_explicit() or workspace.exists():
         argv += ["--workspace", str((ctx.cwd / workspace).resolve())]
@@ -313,16 +321,17 @@ def _run_job(args: argparse.Namespace) -> int:
     """`run`: check the job with settings from the environment plus the job's
     environment_variables, then run it in its working folder, logging there."""
     try:
-        spec = load_spec(Path(args.job))
+        run_name = jobrun.run_name(load_spec(Path(args.job)).name)
+        spec = load_spec(Path(args.job), run_name=run_name)
         env = {**os.environ, **spec.environment_variables}
         settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
-        jobrun.check(app.Context(settings, env, Path.cwd(), args.workspace), spec)
+        jobrun.check(app.Context(settings, env, Path.cwd(), args.workspace, run_name), spec)
     except DatamountError as exc:
         return _fail(exc)
     temporary = args.workdir is None
     try:
         if temporary:
-            workdir = Path(tempfile.mkdtemp(prefix=f"datamount-{spec.name}-"))
+            workdir = Path(tempfile.mkdtemp(prefix=f"datamount-{run_name}-"))
         else:
             workdir = Path(args.workdir).resolve()
             workdir.mkdir(parents=True, exist_ok=True)
@@ -331,10 +340,15 @@ def _run_job(args: argparse.Namespace) -> int:
     log_dir = args.log_dir or workdir / "system_logs" / "data_capability"
     settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=log_dir)
     _start_logging(settings, "run")
-    ctx = app.Context(settings, env, Path.cwd(), args.workspace)
+    ctx = app.Context(settings, env, Path.cwd(), args.workspace, run_name)
 
     def say(line: str) -> None:
-        print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+        # A closed stderr (a pipe to `head`, a hung-up terminal) must never
+        # stop a job from writing its outputs and unmounting.
+        try:
+            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+        except OSError:
+            log.info("%s (stderr closed)", line)
 
     def body() -> int:
         job = jobrun.JobRun(
@@ -347,8 +361,12 @@ def _run_job(args: argparse.Namespace) -> int:
 
     code = _guarded("run", settings, body)
     keep_logs = code != EXIT_OK and temporary and not args.keep
-    jobrun.cleanup(workdir, remove=temporary and not args.keep, keep_logs=keep_logs)
-    if args.keep or keep_logs:
+    kept = jobrun.cleanup(
+        workdir, settings.cache_dir, remove=temporary and not args.keep, keep_logs=keep_logs
+    )
+    if kept:
+        say(kept)
+    if args.keep or keep_logs or kept:
         say(f"logs in {settings.log_dir}")
     return code
 

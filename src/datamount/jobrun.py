@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from datamount import app, mounting, outputs
+from datamount import app, mountd, mounting, outputs
 from datamount.errors import (
     EXIT_DATA,
     EXIT_OK,
@@ -54,6 +55,7 @@ OUTPUT_MODES = (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT)
 # already retried every request AZUREML_DATASET_HTTP_RETRY_COUNT times).
 PREPARE_ATTEMPTS = 3
 PREPARE_BACKOFF = 2.0  # seconds before the 2nd attempt, doubled after
+LEFTOVER_GRACE = 5.0  # seconds the command's leftover processes get after SIGTERM
 
 DaemonArgv = Callable[[DataInput, Path], list[str]]
 
@@ -98,17 +100,38 @@ def check(ctx: app.Context, spec: JobSpec) -> None:
                 f"({ctx.workspace_path()} not found)"
             )
         elif entry.asset_name and entry.asset_version and workspace is not None:
-            versions = workspace.config.data_assets.get(entry.asset_name, [])
-            if any(v.version == entry.asset_version for v in versions):
+            known = workspace.config.data_assets.get(entry.asset_name, [])
+            if any(v.version == entry.asset_version for v in known):
                 problems.append(
                     f"{where}: data asset {entry.asset_name}:{entry.asset_version} "
                     "is already registered"
                 )
+    pinned = [f"{o.asset_name}:{o.asset_version}" for o in spec.outputs.values() if o.asset_version]
+    for asset in sorted({a for a in pinned if pinned.count(a) > 1}):
+        problems.append(f"outputs: two outputs register data asset {asset}")
+    try:  # every reference outside $[[...]] has a value (placeholders for data)
+        placeholders = {f"{e.direction}s.{e.name}": "x" for e in app.all_entries(spec)}
+        literals = {
+            f"inputs.{k}": "x"
+            for k, v in spec.inputs.items()
+            if isinstance(v, LiteralInput) and v.value is not None
+        }
+        substitute(spec.command, {**placeholders, **literals})
+    except SpecError as exc:
+        problems += exc.problems
     code = code_dir(spec)
     if code is not None and not code.is_dir():
         problems.append(f"code: {code} is not a folder")
     if problems:
         raise SpecError(problems)
+
+
+def run_name(job_name: str) -> str:
+    """A unique name for one run of a job, as Azure ML gives every job: the
+    job's name made path-safe, the time, and a random suffix. Default output
+    paths use it, so two runs never write over each other's outputs."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", job_name).strip("._-")[:40] or "job"
+    return f"{safe}_{time.strftime('%Y%m%d_%H%M%S')}_{secrets.token_hex(3)}"
 
 
 def code_dir(spec: JobSpec) -> Path | None:
@@ -118,16 +141,32 @@ def code_dir(spec: JobSpec) -> Path | None:
     return (base / os.path.expanduser(spec.code)).resolve()
 
 
+OPTIONAL_BLOCK = re.compile(r"\$\[\[(.*?)\]\]", re.DOTALL)
+
+
 def substitute(command: str, values: dict[str, str]) -> str:
-    """Replace every `${{inputs.x}}` / `${{outputs.y}}` by its value."""
+    """Replace every `${{inputs.x}}` / `${{outputs.y}}` by its value.
+
+    `$[[ ... ]]` blocks (Azure ML's optional-argument syntax) are kept, without
+    the brackets, when every reference inside has a value, and dropped
+    otherwise (an optional input left out). A reference outside such a block
+    without a value is a SpecError."""
+
+    def block(match: re.Match[str]) -> str:
+        inner = match.group(1)
+        refs = REFERENCE.findall(inner)
+        return inner if all(ref in values for ref in refs) else ""
 
     def value(match: re.Match[str]) -> str:
         ref = match.group(1)
         if ref not in values:
-            raise SpecError(f"command: ${{{{{ref}}}}} has no value")
+            raise SpecError(
+                f"command: ${{{{{ref}}}}} has no value (an optional input left out is only "
+                "allowed inside $[[...]])"
+            )
         return values[ref]
 
-    return REFERENCE.sub(value, command)
+    return REFERENCE.sub(value, OPTIONAL_BLOCK.sub(block, command))
 
 
 class JobRun:
@@ -150,6 +189,7 @@ class JobRun:
         self.prepared: list[Prepared] = []
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
+        self._finishing = False
 
     # -- the whole run -----------------------------------------------------------
 
@@ -169,6 +209,10 @@ class JobRun:
             try:
                 code = self._execute(command)
             finally:
+                # From here on a signal no longer interrupts: the job's outputs
+                # are written and its mounts undone first (each bounded by its
+                # unmount timeout), whatever arrives meanwhile.
+                self._finishing = True
                 try:
                     problems = self._finish(command_ok=self._child_ok())
                 finally:
@@ -242,7 +286,7 @@ class JobRun:
     def _values(self) -> dict[str, str]:
         values = {f"{p.entry.direction}s.{p.entry.name}": p.value for p in self.prepared}
         for name, item in self.spec.inputs.items():
-            if isinstance(item, LiteralInput):
+            if isinstance(item, LiteralInput) and item.value is not None:
                 values[f"inputs.{name}"] = item.render()
         return values
 
@@ -261,6 +305,7 @@ class JobRun:
                 start_new_session=True,
             )  # fmt: skip
             code = self._child.wait()
+            self._finishing = True  # from here on, outputs first (see run())
             self._end_group(self._child.pid)
         if code < 0:
             code = 128 - code  # killed by a signal: the shell's convention
@@ -270,11 +315,23 @@ class JobRun:
 
     @staticmethod
     def _end_group(pgid: int) -> None:
+        """End what the command left running: SIGTERM, then SIGKILL after
+        LEFTOVER_GRACE seconds for what ignores it."""
         try:
             os.killpg(pgid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             return  # nothing left
         log.info("the command left processes running; sent them SIGTERM")
+        deadline = time.monotonic() + LEFTOVER_GRACE
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+            log.warning("the command's leftover processes ignored SIGTERM; killed them")
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
@@ -287,6 +344,11 @@ class JobRun:
             if self._child is not None and self._child.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self._child.pid, signum)
+                return
+            if self._finishing:
+                # Logged, not printed: a handler must not write to a stream the
+                # interrupted code may be writing to.
+                log.warning("signal %d while writing outputs: finishing them first", signum)
                 return
             log.warning("run interrupted by signal %d", signum)
             raise KeyboardInterrupt
@@ -341,13 +403,27 @@ class JobRun:
                 log.warning("%s: unmount failed: %s", item.mountpoint, exc)
 
 
-def cleanup(workdir: Path, *, remove: bool, keep_logs: bool) -> None:
-    """Remove the working folder (keeping `system_logs` when asked)."""
+def cleanup(workdir: Path, cache_dir: Path, *, remove: bool, keep_logs: bool) -> str | None:
+    """Remove the working folder (keeping `system_logs` when asked). Never
+    deletes through a mount (an output still mounted would lose its data in
+    storage) nor an upload output whose upload failed: the folder is kept
+    then, and the returned line says why."""
     if not remove:
-        return
+        return None
+    root = mountd.mount_key(workdir)
+    mounted = [m.mountpoint for m in mountd.mounts() if m.mountpoint.startswith(root + "/")]
+    if mounted:
+        return f"kept {workdir}: still mounted there: {', '.join(mounted)}"
+    pending = outputs.pending_under(cache_dir, workdir)
+    if pending:
+        return (
+            f"kept {workdir}: outputs not uploaded yet (run `datamount unmount FOLDER` "
+            f"to upload them): {', '.join(pending)}"
+        )
     if not keep_logs:
         shutil.rmtree(workdir, ignore_errors=True)
-        return
+        return None
     for child in workdir.iterdir():
         if child.name != "system_logs":
             shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
+    return None

@@ -48,7 +48,7 @@ from datamount.reader import Reader
 from datamount.readstack import build_reader
 from datamount.retry import RetryPolicy
 from datamount.settings import Settings
-from datamount.spec import DataInput, DataType, JobSpec, Mode, load_spec
+from datamount.spec import DataInput, DataType, JobSpec, Mode
 from datamount.stats import MountStats
 from datamount.storage import ObjectStore
 from datamount.storage.base import ListPage
@@ -83,7 +83,7 @@ def mount(
     readiness = mountd.Readiness(ready_fd)
     launch = _Launch(foreground, daemon_argv, readiness, on_ready)
     try:
-        spec = load_spec(spec_path)
+        spec = ctx.load_spec(spec_path)
         entry = spec.entry(name)
         if entry.mode is Mode.DOWNLOAD:
             # Progress reporting runs for the download only, not for a mount's lifetime.
@@ -398,10 +398,12 @@ def unmount(
     asset unless `register` is False); returns what was done."""
     settings = ctx.settings
     mountpoint = Path(mountd.mount_key(mountpoint))
-    record = outputs.read_record(settings.cache_dir, mountpoint)
-    if record is not None:
-        with activity("unmount", mountpoint=mountpoint, mode="upload"):
-            how = finish_upload_output(ctx, record, register=register)
+    if outputs.read_record(settings.cache_dir, mountpoint) is not None:
+        with outputs.claimed(settings.cache_dir, mountpoint) as record:
+            if record is None:
+                return "already uploaded (by another unmount)"
+            with activity("unmount", mountpoint=mountpoint, mode="upload"):
+                how = finish_upload_output(ctx, record, register=register)
         log.info("unmount %s: %s", mountpoint, how)
         return how
     wait = settings.unmount_timeout_seconds if timeout is None else timeout

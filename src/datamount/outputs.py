@@ -12,9 +12,12 @@ Imports `errors`, `mountd` (mount point hashing).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +34,7 @@ class UploadOutput:
     output: str
     workspace: str | None
     file_name: str | None  # uri_file outputs: the one file the job writes
+    run_name: str | None = None  # `run`'s unique name: the spec's default output paths
 
 
 def record_file(cache_dir: Path, mountpoint: Path) -> Path:
@@ -44,6 +48,20 @@ def read_record(cache_dir: Path, mountpoint: Path) -> UploadOutput | None:
         return UploadOutput(**data)
     except (OSError, ValueError, TypeError):
         return None
+
+
+def pending_under(cache_dir: Path, folder: Path) -> list[str]:
+    """Upload outputs recorded under `folder` and not uploaded yet."""
+    root = mount_key(folder) + "/"
+    found = []
+    for path in (cache_dir / "outputs").glob("*.json"):
+        try:
+            record = UploadOutput(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if record.mountpoint.startswith(root):
+            found.append(record.mountpoint)
+    return sorted(found)
 
 
 def prepare(cache_dir: Path, record: UploadOutput) -> Path:
@@ -70,6 +88,24 @@ def prepare(cache_dir: Path, record: UploadOutput) -> Path:
     return folder / record.file_name if record.file_name else folder
 
 
+@contextlib.contextmanager
+def claimed(cache_dir: Path, mountpoint: Path) -> Iterator[UploadOutput | None]:
+    """The record of the upload output at `mountpoint`, held exclusively
+    (flock) while the caller uploads it: a second `unmount` of the same folder
+    waits, then finds it done (None)."""
+    path = record_file(cache_dir, mountpoint)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        yield None
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield read_record(cache_dir, mountpoint)  # None when the holder before us finished
+    finally:
+        os.close(fd)
+
+
 def source(record: UploadOutput) -> Path:
     """What to upload: the folder, or the one file of a uri_file output."""
     folder = Path(record.mountpoint)
@@ -79,7 +115,7 @@ def source(record: UploadOutput) -> Path:
 def finish(cache_dir: Path, record: UploadOutput) -> None:
     """After a successful upload: remove the local copy (the folder stays,
     empty, like a mount point after an unmount) and the record."""
-    with os.scandir(record.mountpoint) as entries:
+    with contextlib.suppress(FileNotFoundError), os.scandir(record.mountpoint) as entries:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)

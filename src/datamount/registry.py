@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from datamount.errors import WorkspaceError
+from datamount.uris import ASSET_NAME
 from datamount.workspace import Workspace, read_registry, registry_path, version_key
 
 HEADER = (
@@ -88,8 +89,10 @@ def register(
             f"data asset {name!r}: registering needs a workspace file "
             "(--workspace FILE or DATAMOUNT_WORKSPACE)"
         )
-    if not name or "/" in name or ":" in name or "@" in name:
-        raise WorkspaceError(f"data asset name {name!r}: must be non-empty without '/', ':', '@'")
+    if not ASSET_NAME.fullmatch(name):
+        raise WorkspaceError(
+            f"data asset name {name!r}: not a data asset name (letters, digits, '_', '-', '.')"
+        )
     target = registry_path(workspace.source, workspace.config)
     declared = [v.version for v in workspace.declared_versions(name)]
     with _locked(target):

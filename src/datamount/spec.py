@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from datamount.errors import SpecError, UriError
-from datamount.uris import Location, parse
+from datamount.uris import ASSET_NAME, Location, parse
 
 
 class DataType(StrEnum):
@@ -57,6 +57,7 @@ LITERAL_TYPES = {"integer": int, "number": float, "boolean": bool, "string": str
 DEFAULT_DATASTORE = "workspaceblobstore"
 SINGLE_INPUT_NAME = "input"
 REFERENCE = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 
 
 class IdentityKind(StrEnum):
@@ -134,7 +135,7 @@ class JobSpec(BaseModel):
         return entries[name]
 
 
-def load_spec(path: Path) -> JobSpec:
+def load_spec(path: Path, *, run_name: str | None = None) -> JobSpec:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -146,32 +147,39 @@ def load_spec(path: Path) -> JobSpec:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
-    return parse_spec(data, source=path)
+    return parse_spec(data, source=path, run_name=run_name)
 
 
-def parse_spec(data: object, *, source: Path | None = None) -> JobSpec:
+def parse_spec(data: object, *, source: Path | None = None, run_name: str | None = None) -> JobSpec:
+    """`run_name`: the unique name of this run of the job (`datamount run`),
+    used for default output paths instead of the job's own name."""
     if not isinstance(data, dict):
         raise SpecError(f"{source or 'spec'}: expected a YAML mapping at the top level")
     problems: list[str] = []
     shape = _shape(data)
     default_name = source.stem if source else "job"
     job_name = str(data.get("name") or default_name) if shape == "command" else default_name
+    path_name = run_name or job_name  # default output paths
     identity = _identity(data.get("identity"), "identity", problems) if shape == "command" else None
 
     inputs: dict[str, DataInput | LiteralInput] = {}
     outputs: dict[str, DataInput] = {}
     if shape == "single":
-        entry = _data(SINGLE_INPUT_NAME, "input", data, SINGLE_INPUT_NAME, job_name, problems)
+        entry = _data(SINGLE_INPUT_NAME, "input", data, SINGLE_INPUT_NAME, path_name, problems)
         if entry:
             inputs[SINGLE_INPUT_NAME] = entry
     else:
         for name, value in _mapping(data, "inputs", problems).items():
-            entry_in = _input(str(name), value, job_name, problems)
+            if not _valid_name(str(name), "inputs", problems):
+                continue
+            entry_in = _input(str(name), value, path_name, problems)
             if entry_in:
                 inputs[str(name)] = entry_in
         for name, value in _mapping(data, "outputs", problems).items():
+            if not _valid_name(str(name), "outputs", problems):
+                continue
             entry_out = _data(
-                str(name), "output", value or {}, f"outputs.{name}", job_name, problems
+                str(name), "output", value or {}, f"outputs.{name}", path_name, problems
             )
             if entry_out:
                 outputs[str(name)] = entry_out
@@ -197,6 +205,18 @@ def parse_spec(data: object, *, source: Path | None = None) -> JobSpec:
         extra={k: v for k, v in data.items() if k not in known} if shape != "single" else {},
         source=source,
     )
+
+
+def _valid_name(name: str, group: str, problems: list[str]) -> bool:
+    """Input and output names are identifiers, as in Azure ML: they become
+    folder names and `${{...}}` references."""
+    if NAME.fullmatch(name):
+        return True
+    problems.append(
+        f"{group}.{name}: not a valid name (letters, digits and '_', not starting with a "
+        "digit, at most 255 characters)"
+    )
+    return False
 
 
 def _shape(data: dict[str, Any]) -> Literal["single", "named", "command"]:
@@ -241,13 +261,37 @@ def _input(
         if extra:
             problems.append(f"{where}: unknown keys for a {kind} input: {', '.join(sorted(extra))}")
         literal = value.get("value", value.get("default"))
+        if literal is None and not value.get("optional", False):
+            problems.append(
+                f"{where}: a {kind} input needs a value (`default:` or `value:`) "
+                "unless it is `optional: true`"
+            )
+            return None
         try:
-            literal = LITERAL_TYPES[kind](literal) if literal is not None else None
+            literal = _literal(kind, literal) if literal is not None else None
         except (TypeError, ValueError):
             problems.append(f"{where}.value: {literal!r} is not a valid {kind}")
             return None
         return LiteralInput(name=name, value=literal)
     return _data(name, "input", value, where, job_name, problems)
+
+
+def _literal(kind: str, raw: object) -> str | int | float | bool:
+    """A literal input's value as its declared type; strings such as
+    "false"/"0" are booleans as YAML would read them, never truthy text."""
+    if kind == "boolean":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("true", "yes", "on", "1"):
+            return True
+        if text in ("false", "no", "off", "0"):
+            return False
+        raise ValueError(raw)
+    if kind == "integer" and isinstance(raw, float) and not raw.is_integer():
+        raise ValueError(raw)
+    result: str | int | float = LITERAL_TYPES[kind](raw)
+    return result
 
 
 def _data(
@@ -286,19 +330,28 @@ def _data(
 
     path = raw.get("path")
     default_path = False
-    if path is None and direction == "output":
+    optional = raw.get("optional") is True
+    if path is None and direction == "input" and optional:
+        return None  # an optional input left out: `$[[...]]` blocks naming it are dropped
+    if path is None and direction == "output" and data_type is DataType.URI_FILE:
+        problems.append(f"{where}.path: a uri_file output needs a path (it names the file)")
+    elif path is None and direction == "output":
         path = f"azureml://datastores/{DEFAULT_DATASTORE}/paths/{job_name}/{name}/"
         default_path = True
     location = None
     if path is None:
-        problems.append(f"{where}.path: required for an input")
+        if direction == "input":
+            problems.append(f"{where}.path: required for an input (or set `optional: true`)")
     else:
         try:
             location = parse(path, f"{where}.path")
         except UriError as exc:
             problems += exc.problems
 
-    fields = {k: v for k, v in raw.items() if k not in ("type", "mode", "path", "name", "version")}
+    if direction == "output":
+        _check_asset(raw, where, problems)
+    skip = ("type", "mode", "path", "name", "version", "optional")
+    fields = {k: v for k, v in raw.items() if k not in skip}
     if direction == "input" and ("name" in raw or "version" in raw):
         problems.append(f"{where}: 'name'/'version' register outputs; an input cannot have them")
     identity = _identity(fields.pop("identity", None), f"{where}.identity", problems)
@@ -321,6 +374,22 @@ def _data(
     except ValidationError as exc:
         problems += [_pydantic_line(where, err) for err in exc.errors()]
         return None
+
+
+def _check_asset(raw: dict[str, Any], where: str, problems: list[str]) -> None:
+    """An output's `name`/`version` (the data asset it registers) can be registered."""
+    name, version = raw.get("name"), raw.get("version")
+    if name is not None and not ASSET_NAME.fullmatch(str(name)):
+        problems.append(
+            f"{where}.name: {name!r} is not a data asset name (letters, digits, '_', '-', '.')"
+        )
+    if version is not None and name is None:
+        problems.append(f"{where}.version: a version needs a `name` (the data asset)")
+    if isinstance(version, float):
+        problems.append(
+            f"{where}.version: {version!r} is a number in YAML: quote the version "
+            "(e.g. '1.10') so it stays as written"
+        )
 
 
 def _identity(raw: object, where: str, problems: list[str]) -> Identity | None:

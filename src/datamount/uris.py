@@ -32,7 +32,7 @@ DEFAULT_SUFFIX = "core.windows.net"
 # lowercase letters/digits/hyphens (plus the special $root / $web / $logs).
 _ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
 _CONTAINER = re.compile(r"^(?:[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9])|\$root|\$web|\$logs)$")
-_ASSET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$")
+ASSET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$")
 _AZURE_HOST = re.compile(r"^(?P<account>[^.]+)\.(?P<service>blob|dfs)\.(?P<suffix>.+)$")
 
 
@@ -243,7 +243,7 @@ def _asset_ref(rest: str, raw: str, where: str) -> Location:
             f"{where}: {raw!r}: a data asset needs a version: azureml:{rest}:<version> "
             f"or azureml:{rest}@latest"
         )
-    if not _ASSET_NAME.match(name):
+    if not ASSET_NAME.match(name):
         raise UriError(
             f"{where}: {raw!r}: {name!r} is not a data asset name "
             "(letters, digits, '_', '-', '.'; expected azureml:<name>:<version> or @latest)"

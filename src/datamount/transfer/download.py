@@ -69,6 +69,7 @@ class DownloadOptions:
     max_restarts: int = MAX_RESTARTS
     fsync: bool = True  # False: rename without fsync (process-crash safe, not power-loss safe)
     direct_io: bool = True  # O_DIRECT for aligned ranges of files >= DIRECT_MIN, where supported
+    manifest_dir: Path | None = None  # None: the resume manifest lives in the destination
 
 
 @dataclass
@@ -142,7 +143,7 @@ class Downloader:
         """Copy every file of `pages` (pages of a listing, or any list the
         caller made: e.g. an evaluated MLTable) to `dest / file.rel`."""
         started = time.monotonic()
-        manifest = Manifest(dest, source_id)
+        manifest = Manifest(dest, source_id, self.options.manifest_dir)
         if not self.options.overwrite:
             manifest.load()
         self._manifest = manifest

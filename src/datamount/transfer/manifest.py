@@ -1,5 +1,6 @@
 """The resume manifest: which files of a download are complete, by size and
-etag, kept in the destination so a re-run skips them.
+etag, kept in the destination (or in a folder of the caller's) so a re-run
+skips them.
 
 One JSON object per line, appended (and flushed) as each file completes, so a
 killed run loses at most the files in flight. The first line names the source;
@@ -10,6 +11,7 @@ Imports nothing from the project.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import threading
@@ -20,8 +22,15 @@ MANIFEST_NAME = ".datamount-manifest.jsonl"
 
 
 class Manifest:
-    def __init__(self, dest: Path, source: str) -> None:
-        self.path = dest / MANIFEST_NAME
+    def __init__(self, dest: Path, source: str, folder: Path | None = None) -> None:
+        """In `dest` itself, or — with `folder` (the CLI uses the cache) — in
+        `folder`, named after `dest`'s absolute path, so the destination holds
+        the data only (a job walking its input sees no extra file)."""
+        if folder is None:
+            self.path = dest / MANIFEST_NAME
+        else:
+            digest = hashlib.sha256(os.path.abspath(dest).encode("utf-8", "surrogateescape"))
+            self.path = folder / f"{digest.hexdigest()[:24]}.jsonl"
         self.source = source
         self._done: dict[str, tuple[int, str]] = {}
         self._lock = threading.Lock()
@@ -50,6 +59,7 @@ class Manifest:
 
     def open(self) -> None:
         """Start writing: rewrite the header and the entries still valid."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as out:
             out.write(json.dumps({"source": self.source}) + "\n")

@@ -7,12 +7,15 @@ Imports `storage.base`, `errors`.
 
 from __future__ import annotations
 
+import logging
 import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from datamount.errors import DataError, DatamountError, ObjectNotFound
 from datamount.storage.base import ObjectInfo, ObjectStore
+
+log = logging.getLogger("datamount.transfer.source")
 
 
 @dataclass(frozen=True)
@@ -59,23 +62,39 @@ def single_file(store: ObjectStore, key: str) -> SourceFile:
 
 
 def folder_pages(store: ObjectStore, key: str) -> Iterator[list[SourceFile]]:
-    """The files under folder `key`, one list per listing page (lazily).
+    """The files under folder `key`, one list per listing page (lazily, one
+    page behind the listing: the last list also carries the held files).
 
     An empty result is ObjectNotFound unless a folder marker proves the
     folder exists (then the download is simply empty).
     """
     prefix = folder_prefix(key)
     seen_any = False
+    # A blob 'x' next to blobs 'x/...' cannot be both a file and a folder on
+    # disk: the folder wins (as in the mount). Keys arrive sorted, so a file is
+    # held until a key past 'x/' shows it is not shadowed.
+    held: list[SourceFile] = []
+    previous: list[SourceFile] | None = None  # yielded one page late: the last takes `held`
     for page in store.list_pages(prefix):
         files = []
         for obj in page.objects:
             seen_any = True
             if is_folder_marker(obj) or not obj.key.startswith(prefix):
                 continue
-            files.append(
-                SourceFile(obj.key, safe_relative(obj.key[len(prefix) :]), obj.size, obj.etag)
-            )
-        yield files
+            src = SourceFile(obj.key, safe_relative(obj.key[len(prefix) :]), obj.size, obj.etag)
+            still = []
+            for h in held:
+                if src.rel.startswith(h.rel + "/"):
+                    log.warning("%s: a folder of the same name exists; skipping the file", h.key)
+                elif src.rel > h.rel + "/":
+                    files.append(h)
+                else:
+                    still.append(h)
+            held = [*still, src]
+        if previous is not None:
+            yield previous
+        previous = files
+    yield [*(previous or []), *held]
     if not seen_any and not _exists_as_folder(store, key):
         raise ObjectNotFound(f"{key or '(root)'}: no such folder")
 
