@@ -237,11 +237,12 @@ class JobRun:
         with ThreadPoolExecutor(len(entries), thread_name_prefix="prepare") as pool:
             futures = [pool.submit(self._prepare_retrying, entry) for entry in entries]
             errors: list[str] = []
-            for future in futures:
+            for entry, future in zip(entries, futures, strict=True):
                 try:
                     future.result()
                 except DatamountError as exc:
-                    errors.append(str(exc))
+                    where = f"{entry.direction}s.{entry.name}"
+                    errors.append(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
         if errors:
             raise DataError("; ".join(errors))
 

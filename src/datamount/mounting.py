@@ -85,6 +85,7 @@ def mount(
     try:
         spec = ctx.load_spec(spec_path)
         entry = spec.entry(name)
+        mountpoint = Path(mountd.mount_key(mountpoint))  # every mode prints an absolute path
         if entry.mode is Mode.DOWNLOAD:
             # Progress reporting runs for the download only, not for a mount's lifetime.
             with progress if progress is not None else contextlib.nullcontext():

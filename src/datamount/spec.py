@@ -220,12 +220,12 @@ def _valid_name(name: str, group: str, problems: list[str]) -> bool:
 
 
 def _shape(data: dict[str, Any]) -> Literal["single", "named", "command"]:
+    if data.get("type") in ("pipeline", "sweep", "parallel", "spark", "automl"):
+        raise SpecError(f"type: {data['type']!r} jobs are not supported; use a command job")
     if "command" in data or "$schema" in data or data.get("type") == "command":
         return "command"
     if "inputs" in data or "outputs" in data:
         return "named"
-    if data.get("type") in ("pipeline", "sweep", "parallel", "spark"):
-        raise SpecError(f"type: {data['type']!r} jobs are not supported; use a command job")
     if "type" in data or "path" in data:
         return "single"
     raise SpecError(
