@@ -132,11 +132,15 @@ class Stores:
 
 
 def locate(
-    path_or_uri: str | StorageLocation, workspace: Workspace | None, base_dir: Path | None = None
+    path_or_uri: str | os.PathLike[str] | StorageLocation,
+    workspace: Workspace | None,
+    base_dir: Path | None = None,
 ) -> StorageLocation:
     """The location of a path or URI naming an MLTable folder or file."""
     if isinstance(path_or_uri, StorageLocation):
         return path_or_uri
+    if isinstance(path_or_uri, os.PathLike):
+        path_or_uri = os.fspath(path_or_uri)
     ws = workspace or Workspace.empty()
     return ws.resolve(
         parse(path_or_uri, "mltable"), where="mltable", base_dir=base_dir, expected_type="mltable"
@@ -327,7 +331,7 @@ def sample_mask(n: int, probability: float, seed: int | None) -> np.ndarray:
 
 
 def evaluate(
-    mltable_location: str | StorageLocation,
+    mltable_location: str | os.PathLike[str] | StorageLocation,
     workspace: Workspace | None,
     store_factory: StoreFactory,
     *,
@@ -356,7 +360,7 @@ def eval_mltable_text(table: MLTable, files: list[EvalFile]) -> str:
 
 
 def evaluate_table(
-    mltable_location: str | StorageLocation,
+    mltable_location: str | os.PathLike[str] | StorageLocation,
     workspace: Workspace | None,
     store_factory: StoreFactory,
     *,

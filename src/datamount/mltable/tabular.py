@@ -13,6 +13,7 @@ Imports `errors`, `storage`, `workspace`, `mltable.*`, pyarrow, pandas, numpy.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from datamount.mltable.evaluate import (
 from datamount.mltable.model import MLTable, Step
 from datamount.mltable.patterns import PartitionFormat
 from datamount.mltable.readers import Chunk
+from datamount.mltable.wsarg import WorkspaceArg, workspace_from
 from datamount.storage import open_store
 from datamount.workspace import Workspace
 
@@ -46,16 +48,25 @@ def default_store_factory(location: StorageLocation) -> Any:
 
 
 def load(
-    path_or_uri: str | StorageLocation,
-    workspace: Workspace | None = None,
+    path_or_uri: str | os.PathLike[str] | StorageLocation,
+    workspace: WorkspaceArg = None,
     *,
     store_factory: StoreFactory | None = None,
     base_dir: Path | None = None,
     block_size: int = readers.BLOCK_SIZE,
 ) -> TabularMLTable:
     """Read and parse the MLTable at `path_or_uri` (a local folder or file,
-    or any URI datamount parses); data is read when asked for."""
-    ws = workspace or Workspace.empty()
+    or any URI datamount parses); data is read when asked for.
+
+    `workspace` resolves `azureml://` paths: a Workspace, a path (str or
+    os.PathLike) to a workspace file, or None: `$DATAMOUNT_WORKSPACE` if set,
+    else `./configs/workspace.yaml` if it exists, else no workspace (the CLI's
+    rule). This is a library entry point that training code calls inside a
+    job, i.e. its own composition root: it reads `os.environ` (the variable,
+    and `${VAR}`s in the workspace file) and the working directory here, once.
+    Any other type is a TypeError.
+    """
+    ws = workspace_from(workspace, os.environ, Path.cwd(), missing_ok=True)
     factory = store_factory or default_store_factory
     location = locate(path_or_uri, ws, base_dir)
     with Stores(factory) as stores:
