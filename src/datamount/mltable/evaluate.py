@@ -201,7 +201,8 @@ def resolve_entry(
     entry: PathEntry, table: MLTable, folder: StorageLocation, workspace: Workspace
 ) -> StorageLocation:
     """Where a `paths` entry points: a relative path is resolved against the
-    MLTable file's folder (local or remote), anything else through the workspace."""
+    MLTable file's folder (local or remote), anything else through the workspace.
+    A remote MLTable (blob, ADLS, http) may only point at remote storage."""
     where = f"MLTable {table.source}: {entry.where}.{entry.kind}"
     value = entry.value
     if entry.kind == "pattern" and "://" in value:
@@ -213,11 +214,20 @@ def resolve_entry(
     except UriError as exc:
         raise MLTableError(exc.problems) from None
     if loc.kind is LocationKind.LOCAL and not os.path.isabs(loc.path):
-        return _relative(entry, loc.path, table, folder, where)
-    try:
-        return workspace.resolve(loc, where=where)
-    except WorkspaceError as exc:
-        raise MLTableError(exc.problems) from None
+        resolved = _relative(entry, loc.path, table, folder, where)
+    else:
+        try:
+            resolved = workspace.resolve(loc, where=where)
+        except WorkspaceError as exc:
+            raise MLTableError(exc.problems) from None
+    if resolved.kind is StorageKind.LOCAL and folder.kind is not StorageKind.LOCAL:
+        # Whoever can write a blob must not be able to pull node files
+        # (/proc/<pid>/environ, mounted secrets) into a job's input. Checked on
+        # the resolved location, so a data asset with a local path is caught too.
+        raise MLTableError(
+            f"{where}: {entry.value!r}: a remote MLTable cannot reference local files"
+        )
+    return resolved
 
 
 def _relative(
