@@ -90,6 +90,27 @@ def test_workspace_from_the_default_file_else_none(
     pd.testing.assert_frame_equal(frame(), EXPECTED)
 
 
+def test_local_mltable_never_reads_the_ambient_workspace(
+    azurite: Azurite, clean_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default workspace is read when a path needs it: a local MLTable of
+    # local files loads beside a workspace file it could not expand.
+    broken = workspace_file(clean_env / "configs" / "workspace.yaml", azurite, "c")
+    monkeypatch.delenv("TEST_KEY")
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "MLTable").write_bytes(MLTABLE)
+    (local / "a.csv").write_bytes(CSV)
+    pd.testing.assert_frame_equal(load(local).to_pandas_dataframe(), EXPECTED)
+    monkeypatch.setenv("DATAMOUNT_WORKSPACE", str(broken))
+    pd.testing.assert_frame_equal(load(local).to_pandas_dataframe(), EXPECTED)
+    with pytest.raises(WorkspaceError, match="environment variable TEST_KEY is not set"):
+        frame()  # a datastore path needs it
+    # A file named by the caller is read (and checked) at once.
+    with pytest.raises(WorkspaceError, match="environment variable TEST_KEY is not set"):
+        load(local, broken)
+
+
 def test_workspace_as_a_file_path_or_object(azurite: Azurite, table: str, clean_env: Path) -> None:
     ws = workspace_file(clean_env.parent / "ws.yaml", azurite, table)
     pd.testing.assert_frame_equal(frame(str(ws)), EXPECTED)

@@ -37,6 +37,9 @@ from datamount.uris import LocationKind, parse
 from datamount.workspace import Workspace
 
 StoreFactory = Callable[[StorageLocation], ObjectStore]
+# The workspace, asked for only when a path needs it (a local path never does:
+# `load` then never reads a workspace file for a local MLTable of local files).
+WorkspaceSource = Callable[[], Workspace]
 MLTABLE_FILE = "MLTable"
 MAX_MLTABLE_BYTES = 1 << 20  # an MLTable file is a few hundred bytes; refuse anything silly
 
@@ -133,7 +136,7 @@ class Stores:
 
 def locate(
     path_or_uri: str | os.PathLike[str] | StorageLocation,
-    workspace: Workspace | None,
+    workspace: WorkspaceSource,
     base_dir: Path | None = None,
 ) -> StorageLocation:
     """The location of a path or URI naming an MLTable folder or file."""
@@ -141,10 +144,9 @@ def locate(
         return path_or_uri
     if isinstance(path_or_uri, os.PathLike):
         path_or_uri = os.fspath(path_or_uri)
-    ws = workspace or Workspace.empty()
-    return ws.resolve(
-        parse(path_or_uri, "mltable"), where="mltable", base_dir=base_dir, expected_type="mltable"
-    )
+    loc = parse(path_or_uri, "mltable")
+    ws = Workspace.empty() if loc.kind is LocationKind.LOCAL else workspace()
+    return ws.resolve(loc, where="mltable", base_dir=base_dir, expected_type="mltable")
 
 
 def read_mltable(location: StorageLocation, stores: Stores) -> tuple[MLTable, StorageLocation]:
@@ -198,7 +200,7 @@ def _mltable_file(location: StorageLocation, stores: Stores) -> StorageLocation:
 
 
 def resolve_entry(
-    entry: PathEntry, table: MLTable, folder: StorageLocation, workspace: Workspace
+    entry: PathEntry, table: MLTable, folder: StorageLocation, workspace: WorkspaceSource
 ) -> StorageLocation:
     """Where a `paths` entry points: a relative path is resolved against the
     MLTable file's folder (local or remote), anything else through the workspace.
@@ -216,8 +218,9 @@ def resolve_entry(
     if loc.kind is LocationKind.LOCAL and not os.path.isabs(loc.path):
         resolved = _relative(entry, loc.path, table, folder, where)
     else:
+        ws = Workspace.empty() if loc.kind is LocationKind.LOCAL else workspace()
         try:
-            resolved = workspace.resolve(loc, where=where)
+            resolved = ws.resolve(loc, where=where)
         except WorkspaceError as exc:
             raise MLTableError(exc.problems) from None
     if resolved.kind is StorageKind.LOCAL and folder.kind is not StorageKind.LOCAL:
@@ -293,7 +296,7 @@ def _at(loc: StorageLocation, key: str) -> StorageLocation:
 
 
 def list_files(
-    table: MLTable, folder: StorageLocation, workspace: Workspace, stores: Stores
+    table: MLTable, folder: StorageLocation, workspace: WorkspaceSource, stores: Stores
 ) -> list[EvalFile]:
     """Every file of every entry, duplicates dropped, order kept (no subsetting)."""
     out: list[EvalFile] = []
@@ -378,8 +381,8 @@ def evaluate_table(
 ) -> tuple[MLTable, list[EvalFile], str]:
     """`evaluate`, plus the parsed MLTable and the MLTable text for the eval layout."""
     ws = workspace or Workspace.empty()
-    location = locate(mltable_location, ws, base_dir)
+    location = locate(mltable_location, lambda: ws, base_dir)
     with Stores(store_factory) as stores:
         table, folder = read_mltable(location, stores)
-        files = subset(list_files(table, folder, ws, stores), table.file_steps())
+        files = subset(list_files(table, folder, lambda: ws, stores), table.file_steps())
     return table, files, eval_mltable_text(table, files)

@@ -30,6 +30,7 @@ from datamount.mltable.evaluate import (
     EvalFile,
     StoreFactory,
     Stores,
+    WorkspaceSource,
     list_files,
     locate,
     read_mltable,
@@ -38,9 +39,8 @@ from datamount.mltable.evaluate import (
 from datamount.mltable.model import MLTable, Step
 from datamount.mltable.patterns import PartitionFormat
 from datamount.mltable.readers import Chunk
-from datamount.mltable.wsarg import WorkspaceArg, workspace_from
+from datamount.mltable.wsarg import WorkspaceArg, workspace_source
 from datamount.storage import open_store
-from datamount.workspace import Workspace
 
 
 def default_store_factory(location: StorageLocation) -> Any:
@@ -59,14 +59,16 @@ def load(
     or any URI datamount parses); data is read when asked for.
 
     `workspace` resolves `azureml://` paths: a Workspace, a path (str or
-    os.PathLike) to a workspace file, or None: `$DATAMOUNT_WORKSPACE` if set,
-    else `./configs/workspace.yaml` if it exists, else no workspace (the CLI's
-    rule). This is a library entry point that training code calls inside a
-    job, i.e. its own composition root: it reads `os.environ` (the variable,
-    and `${VAR}`s in the workspace file) and the working directory here, once.
-    Any other type is a TypeError.
+    os.PathLike) to a workspace file (read now), or None: `$DATAMOUNT_WORKSPACE`
+    if set, else `./configs/workspace.yaml` if it exists, else no workspace (the
+    CLI's rule), read when the first non-local path needs it (a local MLTable
+    of local files never reads it). Any other type is a TypeError.
+
+    This is a library entry point that training code calls inside a job, i.e.
+    its own composition root: it reads `os.environ` (the variable, and the
+    `${VAR}`s of the workspace file) and the working directory here, once.
     """
-    ws = workspace_from(workspace, os.environ, Path.cwd(), missing_ok=True)
+    ws = workspace_source(workspace, os.environ, Path.cwd())
     factory = store_factory or default_store_factory
     location = locate(path_or_uri, ws, base_dir)
     with Stores(factory) as stores:
@@ -78,7 +80,7 @@ def load(
 class TabularMLTable:
     mltable: MLTable
     folder: StorageLocation
-    workspace: Workspace
+    workspace: WorkspaceSource  # called when a path needs the workspace
     store_factory: StoreFactory
     block_size: int = readers.BLOCK_SIZE
     _files: list[EvalFile] | None = field(default=None, repr=False)

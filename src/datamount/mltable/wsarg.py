@@ -10,8 +10,9 @@ reads neither. Imports `workspace`.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from datamount.workspace import Workspace, find_workspace
@@ -43,3 +44,20 @@ def workspace_from(
         "workspace: expected a datamount Workspace, a path to a workspace file "
         f"(str or os.PathLike), or None; got {type(value).__name__}"
     )
+
+
+def workspace_source(
+    value: object, environ: Mapping[str, str], cwd: Path
+) -> Callable[[], Workspace]:
+    """`workspace_from(..., missing_ok=True)` for `load`, deferred for None.
+
+    A Workspace or a file named by the caller is taken (read, checked) now;
+    None finds and reads the ambient workspace on first use only, with the
+    `environ` and `cwd` of this call, so loading a local MLTable of local files
+    never reads (or trips over) an unrelated workspace file.
+    """
+    if value is None or value == "":
+        env, where = dict(environ), cwd
+        return functools.cache(lambda: workspace_from(None, env, where, missing_ok=True))
+    workspace = workspace_from(value, environ, cwd, missing_ok=True)
+    return lambda: workspace
