@@ -94,7 +94,9 @@ def eval_relative_path(location: StorageLocation, mltable_dir: StorageLocation) 
     if location.is_azure:
         return f"{location.account}/{location.container}/{location.path}"
     if location.kind is StorageKind.LOCAL:
-        base = mltable_dir.path.rstrip("/") if mltable_dir.kind is StorageKind.LOCAL else None
+        base = (
+            (mltable_dir.path.rstrip("/") or "/") if mltable_dir.kind is StorageKind.LOCAL else None
+        )
         if base is not None:
             rel = os.path.relpath(location.path, base)
             if not rel.startswith(".." + os.sep) and rel != "..":
@@ -175,6 +177,9 @@ def read_mltable(location: StorageLocation, stores: Stores) -> tuple[MLTable, St
 
 def _mltable_file(location: StorageLocation, stores: Stores) -> StorageLocation:
     if location.kind is StorageKind.HTTP:
+        parts = urlsplit(location.path)
+        if parts.path.endswith("/") and not parts.query:  # a folder URL: its MLTable file
+            return replace(location, path=location.path + MLTABLE_FILE)
         return location
     if location.kind is StorageKind.LOCAL:
         path = location.path.rstrip("/") or "/"
@@ -385,4 +390,25 @@ def evaluate_table(
     with Stores(store_factory) as stores:
         table, folder = read_mltable(location, stores)
         files = subset(list_files(table, folder, lambda: ws, stores), table.file_steps())
+    check_layout(table, files)
     return table, files, eval_mltable_text(table, files)
+
+
+def check_layout(table: MLTable, files: list[EvalFile]) -> None:
+    """Every file gets a path of its own under the eval layout root.
+
+    Two files on one eval path (http URLs differing only in their query; a
+    local `_abs/...` file beside an absolute one) would show one file twice in
+    the layout's MLTable and lose the other; a '.' or '..' segment (an http
+    URL) would point the layout's MLTable outside the file's own folder."""
+    taken: dict[str, EvalFile] = {}
+    for f in files:
+        where = f"MLTable {table.source}: {f.entry}"
+        if any(part in (".", "..") for part in f.eval_path.split("/")):
+            raise DataError(f"{where}: {f.uri}: '.' and '..' segments cannot be in the eval layout")
+        other = taken.setdefault(f.eval_path, f)
+        if other is not f:
+            raise DataError(
+                f"{where}: {f.uri} and {other.uri} ({other.entry}) would both be "
+                f"{f.eval_path!r} in the eval layout"
+            )
