@@ -7,12 +7,12 @@ patterns (a pattern lists only its longest fixed prefix), applies the
 file-level `take` / `skip` / `take_random_sample` steps, drops duplicates and
 keeps the order: entries in file order, files of one entry in key order.
 
-`EvalFile.eval_path` is where a file lands in the eval_download / eval_mount
-layout. Stores come from the caller's factory (the app's `make_store`) and
+`EvalFile.eval_path` (layout.py) is where a file lands in the eval_download /
+eval_mount layout. Stores come from the caller's factory (the app's `make_store`) and
 are closed when evaluation ends. Single-threaded.
 
 Imports `errors`, `location`, `uris`, `workspace`, `storage`, `mltable.model`,
-`mltable.patterns`.
+`mltable.layout`, `mltable.patterns`.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ import contextlib
 import os
 import posixpath
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
-import yaml
 
 from datamount.errors import DataError, ObjectNotFound, StorageError, UriError, WorkspaceError
 from datamount.location import StorageKind, StorageLocation
 from datamount.mltable import patterns
+from datamount.mltable.layout import EvalFile, check_layout, eval_mltable_text, eval_relative_path
 from datamount.mltable.model import MLTable, MLTableError, PathEntry, Step, parse_mltable
 from datamount.storage import ObjectStore
 from datamount.uris import LocationKind, parse
@@ -42,68 +42,6 @@ StoreFactory = Callable[[StorageLocation], ObjectStore]
 WorkspaceSource = Callable[[], Workspace]
 MLTABLE_FILE = "MLTable"
 MAX_MLTABLE_BYTES = 1 << 20  # an MLTable file is a few hundred bytes; refuse anything silly
-
-
-@dataclass(frozen=True)
-class EvalFile:
-    """One file of an evaluated MLTable.
-
-    `location` reads it (kind, account, container, endpoint, credential;
-    `location.key` is its key in the store `store_factory(location)` opens);
-    `etag` pins the version seen when listing. `account`/`container` are
-    empty for local and http files; `path` is the blob name, the absolute
-    local path, or the URL.
-    """
-
-    location: StorageLocation
-    size: int
-    etag: str
-    entry: str  # the paths[i] entry that produced it
-    eval_path: str  # relative path in the eval_download / eval_mount layout
-
-    @property
-    def account(self) -> str:
-        return self.location.account
-
-    @property
-    def container(self) -> str:
-        return self.location.container
-
-    @property
-    def path(self) -> str:
-        return self.location.path
-
-    @property
-    def key(self) -> str:
-        return self.location.key
-
-    @property
-    def uri(self) -> str:
-        return self.location.uri()
-
-
-def eval_relative_path(location: StorageLocation, mltable_dir: StorageLocation) -> str:
-    """The file's path in the eval layout:
-
-    - blob / ADLS: `<account>/<container>/<path>`
-    - local: `local/<path relative to the MLTable folder>`; a local file
-      outside that folder: `local/_abs/<absolute path without its leading '/'>`
-      (a separate subtree, so it never collides with a relative one)
-    - http(s): `http/<host>/<url path>`
-    """
-    if location.is_azure:
-        return f"{location.account}/{location.container}/{location.path}"
-    if location.kind is StorageKind.LOCAL:
-        base = (
-            (mltable_dir.path.rstrip("/") or "/") if mltable_dir.kind is StorageKind.LOCAL else None
-        )
-        if base is not None:
-            rel = os.path.relpath(location.path, base)
-            if not rel.startswith(".." + os.sep) and rel != "..":
-                return f"local/{Path(rel).as_posix()}"
-        return f"local/_abs/{location.path.lstrip('/')}"
-    parts = urlsplit(location.path)
-    return f"http/{parts.netloc}/{parts.path.lstrip('/')}"
 
 
 class Stores:
@@ -362,21 +300,6 @@ def evaluate(
     return evaluate_table(mltable_location, workspace, store_factory, base_dir=base_dir)[1]
 
 
-def eval_mltable_text(table: MLTable, files: list[EvalFile]) -> str:
-    """The MLTable file to write at the root of an eval_download / eval_mount
-    layout: one `file: ./<eval_path>` entry per evaluated file, and the
-    transformations from the read step on (file-level ones are already applied)."""
-    first = next((i for i, s in enumerate(table.steps) if s.is_read), len(table.steps))
-    doc: dict[str, object] = {
-        "type": "mltable",
-        "paths": [{"file": f"./{f.eval_path}"} for f in files],
-    }
-    rest = [s.raw for s in table.steps[first:]]
-    if rest:
-        doc["transformations"] = rest
-    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
-
-
 def evaluate_table(
     mltable_location: str | os.PathLike[str] | StorageLocation,
     workspace: Workspace | None,
@@ -392,23 +315,3 @@ def evaluate_table(
         files = subset(list_files(table, folder, lambda: ws, stores), table.file_steps())
     check_layout(table, files)
     return table, files, eval_mltable_text(table, files)
-
-
-def check_layout(table: MLTable, files: list[EvalFile]) -> None:
-    """Every file gets a path of its own under the eval layout root.
-
-    Two files on one eval path (http URLs differing only in their query; a
-    local `_abs/...` file beside an absolute one) would show one file twice in
-    the layout's MLTable and lose the other; a '.' or '..' segment (an http
-    URL) would point the layout's MLTable outside the file's own folder."""
-    taken: dict[str, EvalFile] = {}
-    for f in files:
-        where = f"MLTable {table.source}: {f.entry}"
-        if any(part in (".", "..") for part in f.eval_path.split("/")):
-            raise DataError(f"{where}: {f.uri}: '.' and '..' segments cannot be in the eval layout")
-        other = taken.setdefault(f.eval_path, f)
-        if other is not f:
-            raise DataError(
-                f"{where}: {f.uri} and {other.uri} ({other.entry}) would both be "
-                f"{f.eval_path!r} in the eval layout"
-            )

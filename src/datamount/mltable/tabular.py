@@ -27,7 +27,6 @@ from datamount.errors import DataError
 from datamount.location import StorageLocation
 from datamount.mltable import convert, expr, readers
 from datamount.mltable.evaluate import (
-    EvalFile,
     StoreFactory,
     Stores,
     WorkspaceSource,
@@ -36,6 +35,7 @@ from datamount.mltable.evaluate import (
     read_mltable,
     subset,
 )
+from datamount.mltable.layout import EvalFile
 from datamount.mltable.model import MLTable, Step
 from datamount.mltable.patterns import PartitionFormat
 from datamount.mltable.readers import Chunk
