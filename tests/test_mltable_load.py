@@ -14,6 +14,7 @@ from azure.storage.blob import ContainerClient
 from azurite import Azurite
 from datamount.errors import WorkspaceError
 from datamount.mltable import load
+from datamount.workspace import Workspace
 from mltable_support import azurite_workspace
 
 MLTABLE = b"paths:\n  - file: ./a.csv\ntransformations:\n  - read_delimited: {}\n"
@@ -127,3 +128,25 @@ def test_workspace_as_a_file_path_or_object(azurite: Azurite, table: str, clean_
 def test_workspace_of_another_type_is_a_type_error(bad: object) -> None:
     with pytest.raises(TypeError, match=r"workspace: expected a datamount Workspace, .* got "):
         frame(bad)
+
+
+@pytest.mark.parametrize(
+    ("steps", "columns", "rows"),
+    [
+        (["read_delimited: {}", "take: 0"], ["x", "y"], []),
+        (["read_delimited: {}", "skip: 2"], ["x", "y"], []),  # exactly every row
+        (["read_delimited: {}", "skip: 9"], ["x", "y"], []),
+        (["read_delimited: {}", "skip: 1"], ["x", "y"], [(3, 4)]),
+        (["take: 0"], ["Path"], []),  # no read step, no file: still the Path column
+    ],
+)
+def test_an_empty_result_keeps_its_columns(
+    tmp_path: Path, steps: list[str], columns: list[str], rows: list[tuple[int, int]]
+) -> None:
+    (tmp_path / "a.csv").write_bytes(CSV)
+    (tmp_path / "MLTable").write_text(
+        "paths:\n  - file: ./a.csv\ntransformations:\n" + "".join(f"  - {s}\n" for s in steps)
+    )
+    df = load(tmp_path, Workspace.empty()).to_pandas_dataframe()
+    assert list(df.columns) == columns
+    assert list(df.itertuples(index=False, name=None)) == rows

@@ -100,8 +100,12 @@ class TabularMLTable:
                 tables = [pa.Table.from_batches([c.batch]) for c in chunks]
             finally:
                 chunks.close()
-        if not tables:
-            return pa.table({})
+        if not tables:  # no file at all (a file-level take: 0)
+            return (
+                pa.table({"Path": pa.array([], pa.string())})
+                if self.mltable.read_step is None
+                else pa.table({})
+            )
         try:
             return pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
@@ -193,7 +197,10 @@ def _apply(step: Step, chunks: Iterator[Chunk], source: str) -> Iterator[Chunk]:
 
 def _take(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
     left = count
-    if left <= 0:
+    if left <= 0:  # no rows, but the columns: one batch's schema (one block read)
+        first = next(chunks, None)
+        if first is not None:
+            yield Chunk(first.batch.slice(0, 0), first.file)
         return
     for chunk in chunks:
         n = chunk.batch.num_rows
@@ -206,13 +213,17 @@ def _take(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
 
 def _skip(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
     left = count
+    emitted, last = False, None
     for chunk in chunks:
         n = chunk.batch.num_rows
         if left >= n:
             left -= n
+            last = chunk
             continue
         yield Chunk(chunk.batch.slice(left), chunk.file) if left else chunk
-        left = 0
+        left, emitted = 0, True
+    if not emitted and last is not None:  # every row skipped: no rows, but the columns
+        yield Chunk(last.batch.slice(0, 0), last.file)
 
 
 def _sample(chunks: Iterator[Chunk], probability: float, seed: int | None) -> Iterator[Chunk]:
