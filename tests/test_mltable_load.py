@@ -124,7 +124,12 @@ def test_workspace_as_a_file_path_or_object(azurite: Azurite, table: str, clean_
         frame(clean_env / "nope.yaml")
 
 
-@pytest.mark.parametrize("bad", [42, {"datastores": {}}, b"/ws.yaml"])
+class BytesPath:
+    def __fspath__(self) -> bytes:
+        return b"/ws.yaml"
+
+
+@pytest.mark.parametrize("bad", [42, {"datastores": {}}, b"/ws.yaml", BytesPath()])
 def test_workspace_of_another_type_is_a_type_error(bad: object) -> None:
     with pytest.raises(TypeError, match=r"workspace: expected a datamount Workspace, .* got "):
         frame(bad)

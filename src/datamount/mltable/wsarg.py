@@ -2,8 +2,8 @@
 datamount calls (`datamount.mltable.load`, the `azureml` fsspec filesystem).
 
 A Workspace is used as given; a str or os.PathLike names a workspace file;
-None (or "") finds one the way the CLI does (`find_workspace`): `DATAMOUNT_WORKSPACE`,
-else `./configs/workspace.yaml`. The entry points are their own composition
+None (or "") finds one the way the CLI does (`find_workspace`):
+`DATAMOUNT_WORKSPACE`, else `./configs/workspace.yaml`. The entry points are their own composition
 roots, so they pass `os.environ` and the working directory in; this module
 reads neither. Imports `workspace`.
 """
@@ -32,13 +32,14 @@ def workspace_from(
     """
     if isinstance(value, Workspace):
         return value
-    if value is None or value == "":  # "": as the variable, unset
+    if _ambient(value):
         path = find_workspace(None, environ, cwd)
         if missing_ok and not environ.get("DATAMOUNT_WORKSPACE") and not path.exists():
             return Workspace.empty()
         return Workspace.load(path, environ)
-    if isinstance(value, str | os.PathLike):
-        path = Path(os.fspath(value))
+    name = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if isinstance(name, str):
+        path = Path(name)
         return Workspace.load(path if path.is_absolute() else cwd / path, environ)
     raise TypeError(
         "workspace: expected a datamount Workspace, a path to a workspace file "
@@ -56,8 +57,13 @@ def workspace_source(
     `environ` and `cwd` of this call, so loading a local MLTable of local files
     never reads (or trips over) an unrelated workspace file.
     """
-    if value is None or value == "":
+    if _ambient(value):
         env, where = dict(environ), cwd
         return functools.cache(lambda: workspace_from(None, env, where, missing_ok=True))
     workspace = workspace_from(value, environ, cwd, missing_ok=True)
     return lambda: workspace
+
+
+def _ambient(value: object) -> bool:
+    """None, or "" (like an empty DATAMOUNT_WORKSPACE): find the workspace."""
+    return value is None or (isinstance(value, str) and not value)
