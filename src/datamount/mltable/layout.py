@@ -63,7 +63,8 @@ def eval_relative_path(location: StorageLocation, mltable_dir: StorageLocation) 
     - blob / ADLS: `<account>/<container>/<path>`
     - local: `local/<path relative to the MLTable folder>`; a local file
       outside that folder: `local/_abs/<absolute path without its leading '/'>`
-      (a separate subtree, so it never collides with a relative one)
+      (a separate subtree; a relative `./_abs/...` file that lands on the
+      same path is caught by `check_layout`)
     - http(s): `http/<host>/<url path>`
     """
     if location.is_azure:
