@@ -1,10 +1,14 @@
 """Helpers for the MLTable tests: a store wrapper that counts listing pages,
-listed prefixes and bytes read, and a workspace on Azurite."""
+listed prefixes and bytes read, a workspace on Azurite, a local http server."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from datamount.location import StorageLocation
@@ -104,3 +108,24 @@ def azurite_workspace(
     for name, (ep, k) in (accounts or {}).items():
         config["accounts"][name] = {"endpoint": ep, "account_key": k}
     return Workspace(WorkspaceConfig.model_validate(config))
+
+
+@contextlib.contextmanager
+def http_folder(root: Path) -> Iterator[str]:
+    """Serve `root` over http on 127.0.0.1 (plain http.server: no ranges, no
+    ETags); yields the base URL, ending in '/'."""
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass

@@ -14,10 +14,12 @@ from azure.storage.blob import BlobServiceClient, ContainerClient
 
 from azurite import KEY, SECOND, SECOND_KEY, Azurite
 from datamount.errors import DataError
+from datamount.evalmode import evaluated_store
 from datamount.location import StorageKind
-from datamount.mltable import MLTableError, evaluate
+from datamount.mltable import MLTableError, evaluate, load
 from datamount.mltable.evaluate import sample_mask
-from datamount.workspace import Workspace
+from datamount.uris import parse
+from datamount.workspace import AssetVersion, Workspace
 from mltable_support import Counts, azurite_workspace, counting_factory
 
 DATA = {
@@ -257,3 +259,76 @@ def test_paths_on_two_storage_accounts(two_accounts: Azurite) -> None:
         with contextlib.suppress(Exception):
             other.delete_container()
         second.close()
+
+
+# -- a remote MLTable may not reach node-local files -----------------------------
+
+
+def test_remote_mltable_cannot_reference_local_files(
+    azurite: Azurite, container: ContainerClient, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "env.sh").write_text("export KEY=hunter2\n")
+    name = container.container_name
+    ws = azurite_workspace(azurite.endpoint, azurite.key, {"main": name})
+    ws.config.data_assets["nodefiles"] = [
+        AssetVersion(version="1", type="uri_folder", path=f"{secret}/")
+    ]
+    put(container, {"t/ok.csv": b"x\n1\n"})
+    src = f"MLTable {azurite.endpoint}/{name}/t/MLTable"
+    factory = counting_factory(Counts())
+    entries = [
+        f"file: {secret}/env.sh",
+        f"file: file://{secret}/env.sh",
+        f"pattern: {secret}/*.sh",
+        f"folder: {secret}/",
+        "folder: azureml:nodefiles:1",
+    ]
+    for entry in entries:
+        kind, value = entry.split(": ", 1)
+        # The bad entry comes second: the first (remote) one is fine.
+        put(container, {"t/MLTable": mltable_yaml("file: ./ok.csv", entry)})
+        message = (
+            f"{src}: paths[1].{kind}: {value!r}: a remote MLTable cannot reference local files"
+        )
+        with pytest.raises(MLTableError) as info:
+            evaluate("azureml://datastores/main/paths/t/", ws, factory)
+        assert str(info.value) == message
+        # eval_download / eval_mount evaluate through the same code.
+        with pytest.raises(MLTableError) as info:
+            evaluated_store(
+                ws.resolve(parse("azureml://datastores/main/paths/t/")), ws, factory
+            ).close()
+        assert str(info.value) == message
+        # load: the MLTable parses; evaluating its paths fails, nothing is read.
+        table = load("azureml://datastores/main/paths/t/", ws, store_factory=factory)
+        with pytest.raises(MLTableError) as info:
+            table.to_pandas_dataframe()
+        assert str(info.value) == message
+
+
+def test_local_mltable_may_reference_local_and_remote_files(
+    azurite: Azurite, container: ContainerClient, tmp_path: Path
+) -> None:
+    name = container.container_name
+    ws = azurite_workspace(azurite.endpoint, azurite.key, {"main": name})
+    put(container, {"r/remote.csv": b"x\n2\n"})
+    elsewhere = tmp_path / "elsewhere.csv"
+    elsewhere.write_text("x\n1\n")
+    table = tmp_path / "tbl"
+    table.mkdir()
+    (table / "MLTable").write_bytes(
+        mltable_yaml(
+            f"file: file://{elsewhere}",
+            "file: azureml://datastores/main/paths/r/remote.csv",
+            steps="read_delimited: {}",
+        )
+    )
+    files = evaluate(str(table), ws, counting_factory(Counts()))
+    assert [(f.location.kind, f.path) for f in files] == [
+        (StorageKind.LOCAL, str(elsewhere)),
+        (StorageKind.BLOB, "r/remote.csv"),
+    ]
+    df = load(table, ws).to_pandas_dataframe()
+    assert df["x"].tolist() == [1, 2]

@@ -4,6 +4,7 @@ datastore paths resolved through the workspace, read through adlfs."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import fsspec
 import pandas as pd
@@ -55,3 +56,20 @@ def test_read_list_and_pandas_through_a_datastore(
         fs.cat_file("azureml://datastores/main/paths/d/missing.csv")
     with pytest.raises(PermissionError, match="read-only"):
         fs.open("azureml://datastores/main/paths/d/new.csv", "wb")
+
+
+def test_workspace_as_a_path_or_a_bad_type(
+    azurite: Azurite, container: ContainerClient, tmp_path: Path
+) -> None:
+    container.upload_blob("p/a.csv", b"x\n1\n")
+    ws = tmp_path / "ws.yaml"
+    ws.write_text(
+        f"datastores:\n  main: {{account_name: {azurite.account}, container_name: "
+        f"{container.container_name}, endpoint: '{azurite.endpoint}', "
+        f"credentials: {{account_key: '{azurite.key}'}}}}\n"
+    )
+    for arg in (ws, str(ws)):
+        fs = AzureMLFileSystem(workspace=arg, skip_instance_cache=True)
+        assert fs.cat_file("azureml://datastores/main/paths/p/a.csv") == b"x\n1\n"
+    with pytest.raises(TypeError, match="workspace: expected a datamount Workspace"):
+        AzureMLFileSystem(workspace=42, skip_instance_cache=True)

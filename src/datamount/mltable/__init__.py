@@ -17,15 +17,8 @@ Imports its own modules only; they import `errors`, `location`, `uris`,
 
 from __future__ import annotations
 
-from datamount.mltable.evaluate import (
-    EvalFile,
-    StoreFactory,
-    eval_mltable_text,
-    eval_relative_path,
-    evaluate,
-    evaluate_table,
-    read_mltable,
-)
+from datamount.mltable.evaluate import StoreFactory, evaluate, evaluate_table, read_mltable
+from datamount.mltable.layout import EvalFile, eval_mltable_text, eval_relative_path
 from datamount.mltable.model import MLTable, MLTableError, parse_mltable
 
 __all__ = [

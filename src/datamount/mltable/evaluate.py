@@ -7,12 +7,12 @@ patterns (a pattern lists only its longest fixed prefix), applies the
 file-level `take` / `skip` / `take_random_sample` steps, drops duplicates and
 keeps the order: entries in file order, files of one entry in key order.
 
-`EvalFile.eval_path` is where a file lands in the eval_download / eval_mount
-layout. Stores come from the caller's factory (the app's `make_store`) and
-are closed when evaluation ends. Single-threaded.
+`EvalFile.eval_path` (layout.py) is where a file lands in the eval_download /
+eval_mount layout. Stores come from the caller's factory (the app's
+`make_store`) and are closed when evaluation ends. Single-threaded.
 
 Imports `errors`, `location`, `uris`, `workspace`, `storage`, `mltable.model`,
-`mltable.patterns`.
+`mltable.layout`, `mltable.patterns`.
 """
 
 from __future__ import annotations
@@ -21,84 +21,27 @@ import contextlib
 import os
 import posixpath
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
-import yaml
 
 from datamount.errors import DataError, ObjectNotFound, StorageError, UriError, WorkspaceError
 from datamount.location import StorageKind, StorageLocation
 from datamount.mltable import patterns
+from datamount.mltable.layout import EvalFile, check_layout, eval_mltable_text, eval_relative_path
 from datamount.mltable.model import MLTable, MLTableError, PathEntry, Step, parse_mltable
 from datamount.storage import ObjectStore
 from datamount.uris import LocationKind, parse
 from datamount.workspace import Workspace
 
 StoreFactory = Callable[[StorageLocation], ObjectStore]
+# The workspace, asked for only when a path needs it (a local path never does:
+# `load` then never reads a workspace file for a local MLTable of local files).
+WorkspaceSource = Callable[[], Workspace]
 MLTABLE_FILE = "MLTable"
 MAX_MLTABLE_BYTES = 1 << 20  # an MLTable file is a few hundred bytes; refuse anything silly
-
-
-@dataclass(frozen=True)
-class EvalFile:
-    """One file of an evaluated MLTable.
-
-    `location` reads it (kind, account, container, endpoint, credential;
-    `location.key` is its key in the store `store_factory(location)` opens);
-    `etag` pins the version seen when listing. `account`/`container` are
-    empty for local and http files; `path` is the blob name, the absolute
-    local path, or the URL.
-    """
-
-    location: StorageLocation
-    size: int
-    etag: str
-    entry: str  # the paths[i] entry that produced it
-    eval_path: str  # relative path in the eval_download / eval_mount layout
-
-    @property
-    def account(self) -> str:
-        return self.location.account
-
-    @property
-    def container(self) -> str:
-        return self.location.container
-
-    @property
-    def path(self) -> str:
-        return self.location.path
-
-    @property
-    def key(self) -> str:
-        return self.location.key
-
-    @property
-    def uri(self) -> str:
-        return self.location.uri()
-
-
-def eval_relative_path(location: StorageLocation, mltable_dir: StorageLocation) -> str:
-    """The file's path in the eval layout:
-
-    - blob / ADLS: `<account>/<container>/<path>`
-    - local: `local/<path relative to the MLTable folder>`; a local file
-      outside that folder: `local/_abs/<absolute path without its leading '/'>`
-      (a separate subtree, so it never collides with a relative one)
-    - http(s): `http/<host>/<url path>`
-    """
-    if location.is_azure:
-        return f"{location.account}/{location.container}/{location.path}"
-    if location.kind is StorageKind.LOCAL:
-        base = mltable_dir.path.rstrip("/") if mltable_dir.kind is StorageKind.LOCAL else None
-        if base is not None:
-            rel = os.path.relpath(location.path, base)
-            if not rel.startswith(".." + os.sep) and rel != "..":
-                return f"local/{Path(rel).as_posix()}"
-        return f"local/_abs/{location.path.lstrip('/')}"
-    parts = urlsplit(location.path)
-    return f"http/{parts.netloc}/{parts.path.lstrip('/')}"
 
 
 class Stores:
@@ -132,15 +75,18 @@ class Stores:
 
 
 def locate(
-    path_or_uri: str | StorageLocation, workspace: Workspace | None, base_dir: Path | None = None
+    path_or_uri: str | os.PathLike[str] | StorageLocation,
+    workspace: WorkspaceSource,
+    base_dir: Path | None = None,
 ) -> StorageLocation:
     """The location of a path or URI naming an MLTable folder or file."""
     if isinstance(path_or_uri, StorageLocation):
         return path_or_uri
-    ws = workspace or Workspace.empty()
-    return ws.resolve(
-        parse(path_or_uri, "mltable"), where="mltable", base_dir=base_dir, expected_type="mltable"
-    )
+    if isinstance(path_or_uri, os.PathLike):
+        path_or_uri = os.fspath(path_or_uri)
+    loc = parse(path_or_uri, "mltable")
+    ws = Workspace.empty() if loc.kind is LocationKind.LOCAL else workspace()
+    return ws.resolve(loc, where="mltable", base_dir=base_dir, expected_type="mltable")
 
 
 def read_mltable(location: StorageLocation, stores: Stores) -> tuple[MLTable, StorageLocation]:
@@ -169,6 +115,9 @@ def read_mltable(location: StorageLocation, stores: Stores) -> tuple[MLTable, St
 
 def _mltable_file(location: StorageLocation, stores: Stores) -> StorageLocation:
     if location.kind is StorageKind.HTTP:
+        parts = urlsplit(location.path)
+        if parts.path.endswith("/") and not parts.query:  # a folder URL: its MLTable file
+            return replace(location, path=location.path + MLTABLE_FILE)
         return location
     if location.kind is StorageKind.LOCAL:
         path = location.path.rstrip("/") or "/"
@@ -194,10 +143,11 @@ def _mltable_file(location: StorageLocation, stores: Stores) -> StorageLocation:
 
 
 def resolve_entry(
-    entry: PathEntry, table: MLTable, folder: StorageLocation, workspace: Workspace
+    entry: PathEntry, table: MLTable, folder: StorageLocation, workspace: WorkspaceSource
 ) -> StorageLocation:
     """Where a `paths` entry points: a relative path is resolved against the
-    MLTable file's folder (local or remote), anything else through the workspace."""
+    MLTable file's folder (local or remote), anything else through the workspace.
+    A remote MLTable (blob, ADLS, http) may only point at remote storage."""
     where = f"MLTable {table.source}: {entry.where}.{entry.kind}"
     value = entry.value
     if entry.kind == "pattern" and "://" in value:
@@ -209,11 +159,21 @@ def resolve_entry(
     except UriError as exc:
         raise MLTableError(exc.problems) from None
     if loc.kind is LocationKind.LOCAL and not os.path.isabs(loc.path):
-        return _relative(entry, loc.path, table, folder, where)
-    try:
-        return workspace.resolve(loc, where=where)
-    except WorkspaceError as exc:
-        raise MLTableError(exc.problems) from None
+        resolved = _relative(entry, loc.path, table, folder, where)
+    else:
+        ws = Workspace.empty() if loc.kind is LocationKind.LOCAL else workspace()
+        try:
+            resolved = ws.resolve(loc, where=where)
+        except WorkspaceError as exc:
+            raise MLTableError(exc.problems) from None
+    if resolved.kind is StorageKind.LOCAL and folder.kind is not StorageKind.LOCAL:
+        # Whoever can write a blob must not be able to pull node files
+        # (/proc/<pid>/environ, mounted secrets) into a job's input. Checked on
+        # the resolved location, so a data asset with a local path is caught too.
+        raise MLTableError(
+            f"{where}: {entry.value!r}: a remote MLTable cannot reference local files"
+        )
+    return resolved
 
 
 def _relative(
@@ -279,7 +239,7 @@ def _at(loc: StorageLocation, key: str) -> StorageLocation:
 
 
 def list_files(
-    table: MLTable, folder: StorageLocation, workspace: Workspace, stores: Stores
+    table: MLTable, folder: StorageLocation, workspace: WorkspaceSource, stores: Stores
 ) -> list[EvalFile]:
     """Every file of every entry, duplicates dropped, order kept (no subsetting)."""
     out: list[EvalFile] = []
@@ -327,7 +287,7 @@ def sample_mask(n: int, probability: float, seed: int | None) -> np.ndarray:
 
 
 def evaluate(
-    mltable_location: str | StorageLocation,
+    mltable_location: str | os.PathLike[str] | StorageLocation,
     workspace: Workspace | None,
     store_factory: StoreFactory,
     *,
@@ -340,23 +300,8 @@ def evaluate(
     return evaluate_table(mltable_location, workspace, store_factory, base_dir=base_dir)[1]
 
 
-def eval_mltable_text(table: MLTable, files: list[EvalFile]) -> str:
-    """The MLTable file to write at the root of an eval_download / eval_mount
-    layout: one `file: ./<eval_path>` entry per evaluated file, and the
-    transformations from the read step on (file-level ones are already applied)."""
-    first = next((i for i, s in enumerate(table.steps) if s.is_read), len(table.steps))
-    doc: dict[str, object] = {
-        "type": "mltable",
-        "paths": [{"file": f"./{f.eval_path}"} for f in files],
-    }
-    rest = [s.raw for s in table.steps[first:]]
-    if rest:
-        doc["transformations"] = rest
-    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
-
-
 def evaluate_table(
-    mltable_location: str | StorageLocation,
+    mltable_location: str | os.PathLike[str] | StorageLocation,
     workspace: Workspace | None,
     store_factory: StoreFactory,
     *,
@@ -364,8 +309,9 @@ def evaluate_table(
 ) -> tuple[MLTable, list[EvalFile], str]:
     """`evaluate`, plus the parsed MLTable and the MLTable text for the eval layout."""
     ws = workspace or Workspace.empty()
-    location = locate(mltable_location, ws, base_dir)
+    location = locate(mltable_location, lambda: ws, base_dir)
     with Stores(store_factory) as stores:
         table, folder = read_mltable(location, stores)
-        files = subset(list_files(table, folder, ws, stores), table.file_steps())
+        files = subset(list_files(table, folder, lambda: ws, stores), table.file_steps())
+    check_layout(table, files)
     return table, files, eval_mltable_text(table, files)

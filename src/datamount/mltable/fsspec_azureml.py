@@ -6,14 +6,15 @@ credentials from the workspace registry.
 Registered through the `fsspec.specs` entry point (pyproject.toml), so
 `fsspec.open("azureml://datastores/ds/paths/x.csv", workspace=ws)` and
 `pandas.read_csv("azureml://...", storage_options={"workspace": ...})` work.
-`workspace` is a Workspace, a path to a workspace file, or omitted: then
-`DATAMOUNT_WORKSPACE`, else ./configs/workspace.yaml, as the CLI finds it
-(this module is its own composition root for code outside datamount, so it
-reads the environment, once, at construction). Read-only.
+`workspace` is a Workspace, a path (str or os.PathLike) to a workspace file,
+or omitted: then `DATAMOUNT_WORKSPACE`, else ./configs/workspace.yaml, as the
+CLI finds it (mltable/wsarg.py; this module is its own composition root for
+code outside datamount, so it reads the environment, once, at construction).
+Read-only.
 
 Paths inside this filesystem are `datastores/<ds>/paths/<p>` (protocol
-stripped). Imports `workspace`, `uris`, `location`, `credentials`, fsspec;
-adlfs when the first datastore is used.
+stripped). Imports `workspace`, `mltable.wsarg`, `uris`, `location`,
+`credentials`, fsspec; adlfs when the first datastore is used.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from fsspec.spec import AbstractFileSystem
 from datamount.credentials import CredentialKind
 from datamount.errors import InvalidInput
 from datamount.location import StorageLocation
+from datamount.mltable.wsarg import WorkspaceArg, workspace_from
 from datamount.uris import LocationKind, parse
-from datamount.workspace import Workspace, find_workspace
 
 PREFIX = "datastores/"
 
@@ -37,13 +38,11 @@ class AzureMLFileSystem(AbstractFileSystem):
     protocol = ("azureml",)
     root_marker = ""
 
-    def __init__(self, workspace: Workspace | str | Path | None = None, **kwargs: Any) -> None:
+    def __init__(self, workspace: WorkspaceArg = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if isinstance(workspace, Workspace):
-            self.workspace = workspace
-        else:
-            path = Path(workspace) if workspace else find_workspace(None, os.environ, Path.cwd())
-            self.workspace = Workspace.load(path, os.environ)
+        # No workspace file at all is an error here (missing_ok=False): every
+        # path this filesystem serves names a datastore of the workspace.
+        self.workspace = workspace_from(workspace, os.environ, Path.cwd(), missing_ok=False)
         self._adlfs: dict[str, Any] = {}
 
     # -- paths --------------------------------------------------------------

@@ -7,7 +7,7 @@ JSON lines are parsed block by block (`block_size`, 1 MiB by default) and
 parquet row group by row group. Consumers pull batches; when they stop (a
 `take` is satisfied) no further block is fetched.
 
-Imports `errors`, `storage.base`, `mltable.model`, `mltable.evaluate`, pyarrow.
+Imports `errors`, `storage.base`, `mltable.model`, `mltable.layout`, pyarrow.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from datamount.errors import DataError, StorageError
-from datamount.mltable.evaluate import EvalFile
+from datamount.mltable.layout import EvalFile
 from datamount.mltable.model import CODECS, ReadDelimited, ReadJsonLines, ReadParquet
 from datamount.storage.base import ObjectStore
 

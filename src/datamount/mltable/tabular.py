@@ -13,6 +13,7 @@ Imports `errors`, `storage`, `workspace`, `mltable.*`, pyarrow, pandas, numpy.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,19 +27,20 @@ from datamount.errors import DataError
 from datamount.location import StorageLocation
 from datamount.mltable import convert, expr, readers
 from datamount.mltable.evaluate import (
-    EvalFile,
     StoreFactory,
     Stores,
+    WorkspaceSource,
     list_files,
     locate,
     read_mltable,
     subset,
 )
+from datamount.mltable.layout import EvalFile
 from datamount.mltable.model import MLTable, Step
 from datamount.mltable.patterns import PartitionFormat
 from datamount.mltable.readers import Chunk
+from datamount.mltable.wsarg import WorkspaceArg, workspace_source
 from datamount.storage import open_store
-from datamount.workspace import Workspace
 
 
 def default_store_factory(location: StorageLocation) -> Any:
@@ -46,16 +48,27 @@ def default_store_factory(location: StorageLocation) -> Any:
 
 
 def load(
-    path_or_uri: str | StorageLocation,
-    workspace: Workspace | None = None,
+    path_or_uri: str | os.PathLike[str] | StorageLocation,
+    workspace: WorkspaceArg = None,
     *,
     store_factory: StoreFactory | None = None,
     base_dir: Path | None = None,
     block_size: int = readers.BLOCK_SIZE,
 ) -> TabularMLTable:
     """Read and parse the MLTable at `path_or_uri` (a local folder or file,
-    or any URI datamount parses); data is read when asked for."""
-    ws = workspace or Workspace.empty()
+    or any URI datamount parses); data is read when asked for.
+
+    `workspace` resolves `azureml://` paths: a Workspace, a path (str or
+    os.PathLike) to a workspace file (read now), or None: `$DATAMOUNT_WORKSPACE`
+    if set, else `./configs/workspace.yaml` if it exists, else no workspace (the
+    CLI's rule), read when the first non-local path needs it (a local MLTable
+    of local files never reads it). Any other type is a TypeError.
+
+    This is a library entry point that training code calls inside a job, i.e.
+    its own composition root: it reads `os.environ` (the variable, and the
+    `${VAR}`s of the workspace file) and the working directory here, once.
+    """
+    ws = workspace_source(workspace, os.environ, Path.cwd())
     factory = store_factory or default_store_factory
     location = locate(path_or_uri, ws, base_dir)
     with Stores(factory) as stores:
@@ -67,7 +80,7 @@ def load(
 class TabularMLTable:
     mltable: MLTable
     folder: StorageLocation
-    workspace: Workspace
+    workspace: WorkspaceSource  # called when a path needs the workspace
     store_factory: StoreFactory
     block_size: int = readers.BLOCK_SIZE
     _files: list[EvalFile] | None = field(default=None, repr=False)
@@ -87,8 +100,12 @@ class TabularMLTable:
                 tables = [pa.Table.from_batches([c.batch]) for c in chunks]
             finally:
                 chunks.close()
-        if not tables:
-            return pa.table({})
+        if not tables:  # no file at all (a file-level take: 0)
+            return (
+                pa.table({"Path": pa.array([], pa.string())})
+                if self.mltable.read_step is None
+                else pa.table({})
+            )
         try:
             return pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
@@ -180,7 +197,10 @@ def _apply(step: Step, chunks: Iterator[Chunk], source: str) -> Iterator[Chunk]:
 
 def _take(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
     left = count
-    if left <= 0:
+    if left <= 0:  # no rows, but the columns: one batch's schema (one block read)
+        first = next(chunks, None)
+        if first is not None:
+            yield Chunk(first.batch.slice(0, 0), first.file)
         return
     for chunk in chunks:
         n = chunk.batch.num_rows
@@ -193,13 +213,17 @@ def _take(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
 
 def _skip(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
     left = count
+    emitted, last = False, None
     for chunk in chunks:
         n = chunk.batch.num_rows
         if left >= n:
             left -= n
+            last = chunk
             continue
         yield Chunk(chunk.batch.slice(left), chunk.file) if left else chunk
-        left = 0
+        left, emitted = 0, True
+    if not emitted and last is not None:  # every row skipped: no rows, but the columns
+        yield Chunk(last.batch.slice(0, 0), last.file)
 
 
 def _sample(chunks: Iterator[Chunk], probability: float, seed: int | None) -> Iterator[Chunk]:
