@@ -137,3 +137,26 @@ def test_transient_then_permanent(tmp_path: Path) -> None:
 
 def test_block_ids_are_equal_length() -> None:
     assert len({len(block_id(i)) for i in (0, 9, 10, 49_999)}) == 1
+
+
+def test_what_cannot_be_a_blob_is_skipped_and_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import os
+
+    src = tmp_path / "src"
+    write_tree(src, {"a.txt": b"a", "sub/b.txt": b"b"})
+    (src / "empty" / "deeper").mkdir(parents=True)
+    (src / "dangling").symlink_to(tmp_path / "nowhere")
+    (src / "to-folder").symlink_to(src / "sub")
+    os.mkfifo(src / "pipe")
+    store = MemoryStore()
+    with caplog.at_level("INFO", logger="datamount.transfer.upload"):
+        result = Uploader(store, opts()).upload(src, "out/")
+    assert result.files == 2
+    assert sorted(store.data(k) for k in ("out/a.txt", "out/sub/b.txt")) == [b"a", b"b"]
+    text = caplog.text
+    assert f"not uploaded: {src / 'dangling'} is a dangling symlink" in text
+    assert f"not uploaded: {src / 'pipe'} is not a regular file" in text
+    assert f"not uploaded: {src / 'to-folder'} is a symlink to a folder" in text
+    assert "1 empty folders not uploaded" in text

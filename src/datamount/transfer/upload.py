@@ -258,13 +258,28 @@ class Uploader:
 
 
 def _walk(root: Path) -> Iterator[tuple[Path, str]]:
-    """Regular files under `root` (symlinks to files followed), sorted per folder."""
+    """Regular files under `root` (symlinks to files followed), sorted per
+    folder. What cannot be a blob is skipped with a warning naming it: dangling
+    symlinks, FIFOs, sockets, devices, symlinks to folders (not followed: they
+    could loop); empty folders (blob storage has no folders) are counted."""
+    empty = 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         base = Path(dirpath)
         rel_dir = base.relative_to(root).as_posix()
+        if not dirnames and not filenames and base != root:
+            empty += 1
+        for name in dirnames:
+            if (base / name).is_symlink():
+                log.warning("not uploaded: %s is a symlink to a folder", base / name)
         for name in sorted(filenames):
             path = base / name
-            if name == MANIFEST_NAME or not path.is_file():
+            if name == MANIFEST_NAME:
+                continue
+            if not path.is_file():
+                what = "a dangling symlink" if path.is_symlink() else "not a regular file"
+                log.warning("not uploaded: %s is %s", path, what)
                 continue
             yield path, name if rel_dir == "." else f"{rel_dir}/{name}"
+    if empty:
+        log.info("%d empty folders not uploaded (blob storage holds files only)", empty)
