@@ -15,7 +15,7 @@ and fsspec's FUSE over adlfs (fusepy, libfuse2) for 1, 3 (60 s budget) and 4. Ev
 is taken down in a finally, Ctrl-C and SIGTERM included (fusermount3 -uz, SIGKILL last).
 
 Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,6] [--repeat N]
-                           [--scale 0.1] [--keep]
+                           [--scale 0.1] [--keep] [--no-fsspec]
 Exit 0 when all ran and checked out (targets are reported, not enforced), 1 otherwise,
 130 when interrupted. DATASET_*, RSLEX_*, DATAMOUNT_* variables are cleared for the
 contenders: the targets assume default settings. Never imports datamount.
@@ -557,6 +557,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink datasets, e.g. 0.1")
+    parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec FUSE baseline")
     opts = parser.parse_args(argv)
     sets = {d.strip().upper() for d in opts.datasets.split(",") if d.strip()}
     wanted = {w.strip() for w in opts.workloads.split(",") if w.strip()}
@@ -595,7 +596,8 @@ def main(argv: list[str]) -> int:
         for rep in range(opts.repeat):
             print(f"\nround {rep + 1} of {opts.repeat}")
             for contenders in (run_baselines, run_datamount, run_fsspec):
-                contenders(bench)
+                if not (opts.no_fsspec and contenders is run_fsspec):
+                    contenders(bench)
         targets(bench, report(bench))
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

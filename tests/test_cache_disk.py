@@ -109,7 +109,7 @@ def test_block_file_layout(make: Callable[..., DiskCache]) -> None:
     path = cache.path_of(key())
     assert files(cache.root) == [path]
     name = path.name.removesuffix(".blk")
-    assert path.parent.parent.name + path.parent.name == name[:4]
+    assert path.parent.name == name[:2] and path.parent.parent == cache.root
     raw = path.read_bytes()
     assert raw.startswith(MAGIC)
     assert raw.endswith(block(1)) and len(raw) == FILE
@@ -176,6 +176,44 @@ def test_a_vanished_file_is_a_miss_and_uncounted(make: Callable[..., DiskCache])
     assert cache.get(key()) is None
     assert not cache.contains(key())
     assert cache.used_bytes == 0
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 2 * MB, 2 * MB - 1, 300_001])
+def test_big_blocks_round_trip_through_o_direct(make: Callable[..., DiskCache], size: int) -> None:
+    """Blocks >= DIRECT_MIN are written with O_DIRECT but for the last partial
+    page: the file is exactly header + data, and reads back whole."""
+    cache = make(write_threads=2)
+    blocks = {i: block(i, size) for i in range(4)}
+    for i, data in blocks.items():
+        cache.put(key(i), data)
+    settle(cache)
+    for i, data in blocks.items():
+        path = cache.path_of(key(i))
+        assert path.stat().st_size == len(encode_header(key(i), data)) + size
+        assert cache.get(key(i)) == data
+    assert cache._direct  # the test's folder (ext4 or the like) takes O_DIRECT
+    again = make(cache.root)  # a restart reads them from the disk, not a queue
+    assert again.wait_ready(10)
+    assert [again.get(key(i)) for i in blocks] == list(blocks.values())
+
+
+def test_without_o_direct_writes_are_buffered(
+    make: Callable[..., DiskCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def refuse_direct(path: Any, flags: int, *args: Any) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")  # what tmpfs answers
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(disk_module.os, "open", refuse_direct)
+    cache = make()
+    data = block(3, 256 * 1024)
+    cache.put(key(), data)
+    settle(cache)
+    assert not cache._direct
+    assert cache.get(key()) == data
 
 
 def test_a_failed_write_leaves_nothing_counted(make: Callable[..., DiskCache]) -> None:
@@ -389,6 +427,11 @@ def test_restart_reuses_blocks_and_removes_temp_files(
     foreign = root / "ab" / "cd" / "notes.txt"
     foreign.parent.mkdir(parents=True, exist_ok=True)
     foreign.write_bytes(b"not ours")
+    old = root / "ab" / "cd" / ("abcd" + "0" * 28 + ".blk")  # the two-level layout of 0.x
+    old.write_bytes(b"an old block")
+    old_leaf = root / "ab" / "ce"
+    old_leaf.mkdir()
+    (old_leaf / ("abce" + "1" * 28 + ".blk")).write_bytes(b"another")
 
     second = make(root)
     assert not leftover.exists()
@@ -397,6 +440,7 @@ def test_restart_reuses_blocks_and_removes_temp_files(
     assert all(second.contains(key(i)) for i in range(6))
     assert [second.get(key(i)) for i in range(6)] == [block(i) for i in range(6)]
     assert foreign.exists()
+    assert not old.exists() and not old_leaf.exists()  # old blocks and empty old folders go
 
 
 def test_restart_gets_work_before_the_index_is_built(

@@ -37,14 +37,25 @@ def obj(store: GatedStore) -> ObjectId:
 
 class Rig:
     def __init__(
-        self, store: MemoryStore | FaultyStore, *, threads: int = 4, budget: int = 20 * BS
+        self,
+        store: MemoryStore | FaultyStore,
+        *,
+        threads: int = 4,
+        budget: int = 20 * BS,
+        run_blocks: int = 4,
     ) -> None:
         self.store = store
         self.cache = DictCache()
         self.stats = MountStats()
         self.scheduler = Scheduler(threads)
         self.fetcher = BlockFetcher(
-            store, self.cache, BS, self.scheduler, self.stats, memory_budget=budget
+            store,
+            self.cache,
+            BS,
+            self.scheduler,
+            self.stats,
+            memory_budget=budget,
+            run_bytes=run_blocks * BS,
         )
 
     def close(self) -> None:
@@ -301,3 +312,99 @@ def test_unread_prefetches_expire_and_count_as_wasted(obj: ObjectId) -> None:
     finally:
         fetcher.close()
         scheduler.close()
+
+
+# -- prefetches of consecutive blocks share requests ---------------------------------
+
+
+def test_consecutive_prefetches_share_requests_of_run_blocks(rig: Rig, obj: ObjectId) -> None:
+    rig.cache.put(BlockKey(obj, 5), block(5))  # a cached block splits a run
+    keys = [BlockKey(obj, i) for i in range(1, 11)]
+    assert rig.fetcher.prefetch_many(keys) == 10
+    wait_for(lambda: rig.stats.snapshot()["prefetched_blocks"] == 9)
+    # 1-4 (a full run), 6-9, 10: three requests for nine blocks
+    snap = rig.stats.snapshot()
+    assert (snap["fetch_requests"], snap["blocks_fetched"]) == (3, 9)
+    assert [rig.fetcher.get(k) for k in keys] == [block(i) for i in range(1, 11)]
+    assert rig.store.requests["read"] == 3
+    assert rig.stats.snapshot()["prefetch_used"] == 9
+    assert rig.fetcher.prefetch_many(keys) == 10  # all held or cached: nothing to do
+    assert rig.store.requests["read"] == 3
+
+
+def test_a_run_is_admitted_whole_or_not_at_all(obj: ObjectId) -> None:
+    """Budget 8 blocks: prefetch may take 6, i.e. one run of 4 and not a second."""
+    store = GatedStore({"f": DATA})
+    rig = Rig(store, budget=8 * BS)
+    try:
+        keys = [BlockKey(obj, i) for i in range(8)]
+        assert rig.fetcher.prefetch_many(keys) == 4
+        wait_for(lambda: rig.stats.snapshot()["prefetched_blocks"] == 4)
+        assert rig.fetcher.memory_in_use() == 4 * BS
+        assert rig.fetcher.prefetch_many(keys[4:]) == 0  # 2 blocks of room: not a run of 4
+        rig.fetcher.get(keys[0])  # read: its room goes back to prefetch
+        assert rig.fetcher.prefetch_many(keys[4:]) == 0  # 3 blocks of room
+        rig.fetcher.get(keys[1])
+        assert rig.fetcher.prefetch_many(keys[4:]) == 4
+        wait_for(lambda: rig.stats.snapshot()["prefetched_blocks"] == 8)
+        assert rig.store.requests["read"] == 2
+    finally:
+        rig.close()
+
+
+def test_a_reader_of_one_block_of_a_queued_run_promotes_the_run(
+    store: GatedStore, obj: ObjectId
+) -> None:
+    rig = Rig(store, threads=2)
+    try:
+        stuck = store.gate("f", 0)
+        assert rig.fetcher.prefetch(BlockKey(obj, 0))  # the one prefetch worker is stuck
+        wait_for(lambda: len(store.started) == 1)
+        assert rig.fetcher.prefetch_many([BlockKey(obj, i) for i in range(1, 5)]) == 4
+        assert rig.scheduler.queued() == (0, 1)  # one job for four blocks
+        assert rig.fetcher.get(BlockKey(obj, 3)) == block(3)  # on the demand lane now
+        assert [rig.fetcher.get(BlockKey(obj, i)) for i in (1, 2, 4)] == [
+            block(1),
+            block(2),
+            block(4),
+        ]
+        stuck.set()
+        assert rig.fetcher.get(BlockKey(obj, 0)) == block(0)
+        assert rig.store.requests["read"] == 2
+    finally:
+        rig.close()
+
+
+def test_cancel_keeps_a_run_someone_waits_for(store: GatedStore, obj: ObjectId) -> None:
+    rig = Rig(store, threads=2)
+    try:
+        stuck = store.gate("f", 0)
+        assert rig.fetcher.prefetch(BlockKey(obj, 0))
+        wait_for(lambda: len(store.started) == 1)
+        keys = [BlockKey(obj, i) for i in range(1, 9)]  # runs 1-4 and 5-8
+        assert rig.fetcher.prefetch_many(keys) == 8
+        waiter = rig.fetcher.start(BlockKey(obj, 2), demand=False)  # waits, on the prefetch lane
+        rig.fetcher.cancel(keys)
+        assert rig.scheduler.queued() == (0, 1)  # 5-8 dropped, 1-4 kept for the waiter
+        stuck.set()
+        assert waiter.result(5) == block(2)
+        assert rig.store.requests["read"] == 2
+    finally:
+        rig.close()
+
+
+def test_a_failed_run_fails_every_waiter(obj: ObjectId) -> None:
+    store = GatedStore({"f": DATA})
+    rig = Rig(store, threads=2)
+    try:
+        gate = store.gate("f", BS)
+        assert rig.fetcher.prefetch_many([BlockKey(obj, i) for i in range(1, 5)]) == 4
+        waiters = [rig.fetcher.start(BlockKey(obj, i)) for i in range(1, 5)]
+        store.put("f", b"changed")  # the run's request now fails its If-Match
+        gate.set()
+        for waiter in waiters:
+            with pytest.raises(VersionChanged):
+                waiter.result(5)
+        assert rig.fetcher.memory_in_use() == 0
+    finally:
+        rig.close()

@@ -192,6 +192,46 @@ def test_concurrent_lookups_and_listings_agree() -> None:
     assert not errors and results == [700] * 8
 
 
+def test_files_opened_by_name_cost_one_listing_per_folder() -> None:
+    """A job reading 200 files by name from its own file list, 8 threads at
+    once: the first miss in each folder lists it, every other name (present
+    or missing) is answered from that listing."""
+    store = MemoryStore({f"ds/d{i % 4}/f{i:04d}": b"x" * i for i in range(200)})
+    ns = Namespace(store, "ds")
+    names = [f"/d{i % 4}/f{i:04d}" for i in range(200)]
+
+    def look(i: int) -> int:
+        return ns.getattr(names[i]).size
+
+    threads = [
+        threading.Thread(target=lambda k=k: [look(i) for i in range(k, 200, 8)]) for k in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [look(i) for i in range(200)] == list(range(200))
+    with pytest.raises(FileNotFoundError):
+        ns.getattr("/d1/missing")
+    assert store.requests == {"list": 5}  # the root (for the folders) and each folder once
+
+
+def test_a_big_folder_is_listed_once_then_looked_up_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from datamount.fs import namespace
+
+    monkeypatch.setattr(namespace, "PARENT_LISTING_MAX", 10)
+    store = MemoryStore({f"ds/f{i:03d}": b"x" for i in range(50)}, page_size=10)
+    ns = Namespace(store, "ds")
+    assert ns.getattr("/f040").size == 1  # one page of 10 and the next, then a lookup
+    first = store.requests["list"]
+    assert first <= 3
+    assert ns.getattr("/f005").size == 1  # seen on the first pages: no request
+    assert ns.getattr("/f041").size == 1  # a lookup of its own, no listing again
+    assert store.requests["list"] == first + 1
+
+
 def test_metadata_in_ram_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     from datamount.fs import namespace
 

@@ -41,11 +41,12 @@ def scan(size: int, read_sizes: list[int]) -> list[tuple[int, int]]:
     blocks=st.integers(1, 300),
     max_window=st.integers(1, 40),
     read_sizes=st.lists(st.integers(16, BS), min_size=1, max_size=5),
+    batch=st.integers(1, 6),
 )
 def test_sequential_scan_prefetches_every_block_once_ahead(
-    blocks: int, max_window: int, read_sizes: list[int]
+    blocks: int, max_window: int, read_sizes: list[int], batch: int
 ) -> None:
-    policy = PrefetchPolicy(blocks, max_window)
+    policy = PrefetchPolicy(blocks, max_window, batch=batch)
     prefetched: list[int] = []
     seen: set[int] = set()
     for first, last in scan(blocks * BS, read_sizes):
@@ -206,6 +207,28 @@ def test_retracted_blocks_are_offered_again() -> None:
     assert feed(policy, 1, 1) == [3]
     policy.retract(2)
     assert feed(policy, 2, 2) == [3, 4, 5, 6]  # 2 is being read: not offered
+
+
+def test_a_full_window_is_topped_up_a_batch_at_a_time() -> None:
+    """batch=4 (4 blocks per request): a steady scan gets its prefetches 4 at a
+    time, and keeps between window - 3 and window blocks ahead of the reader."""
+    policy = PrefetchPolicy(1000, 16, batch=4)
+    issued: list[int] = []
+    for b in range(200):
+        ahead = feed(policy, b, b)
+        issued += ahead
+        if b >= 8:
+            assert len(ahead) in (0, 4)
+            assert 16 - 3 <= max(issued) - b <= 16
+    assert issued == list(range(1, 200 + 16 - 3 + 1))[: len(issued)]
+    # The growing window still starts at once: 1, then 2 blocks ahead.
+    policy = PrefetchPolicy(1000, 16, batch=4)
+    assert feed(policy, 0, 0) == [1]
+    assert feed(policy, 1, 1) == [2, 3]
+    # And the tail of the file is handed out even when shorter than a batch.
+    policy = PrefetchPolicy(10, 16, batch=4)
+    got = [b for i in range(10) for b in feed(policy, i, i)]
+    assert got == list(range(1, 10))
 
 
 def test_empty_and_out_of_range_reads() -> None:

@@ -195,6 +195,34 @@ def test_a_sequential_reader_is_served_by_prefetch() -> None:
         assert snap["prefetch_used"] == 40
 
 
+def test_a_sequential_reader_keeps_the_window_in_flight_in_runs_of_four() -> None:
+    """The mount's shape: 4 blocks per prefetch request, a window of 32 blocks
+    and a budget of one window (prefetch may take 24 blocks of it). Every
+    block is fetched once, all but the first by prefetch, in requests of 4
+    blocks (but the first ones, while the window grows), and the requests
+    stay 21-32 blocks ahead of the reader."""
+    data = source(200 * BS + 10)  # 201 blocks
+    store = GatedStore({"f": data})
+
+    def requested_end() -> int:  # blocks [0, n) were asked for
+        return max(off + n for _, off, n in list(store.spans)) // BS
+
+    with block_stack(store, block_size=BS, window=32, budget=32 * BS, run_blocks=4) as s:
+        handle = s.reader.open(object_id(store, "f"))
+        for offset in range(0, len(data), BS // 2):
+            assert handle.read(offset, BS // 2) == data[offset : offset + BS // 2]
+            b = offset // BS
+            if 20 <= b < 170:
+                wait_for(lambda b=b: requested_end() >= b + 21)
+                assert requested_end() <= b + 1 + 32
+        snap = s.stats.snapshot()
+        assert snap["blocks_fetched"] == 201  # every block exactly once
+        assert snap["prefetched_blocks"] == 200  # all but the first, ahead of the reader
+        assert snap["fetch_requests"] <= 201 // 4 + 6
+        sizes = [n // BS for _, _, n in store.spans]
+        assert sizes.count(4) >= 201 // 4 - 4
+
+
 def test_a_scan_with_a_budget_of_one_window_fetches_each_block_once() -> None:
     """No RAM tier, budget = window: prefetch must not evict the block a reader
     is halfway through (its second half-block read would fetch it again)."""

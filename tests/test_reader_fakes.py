@@ -79,6 +79,7 @@ class GatedStore(MemoryStore):
         self.gates: dict[tuple[str, int], threading.Event] = {}
         self.gate_all: threading.Event | None = None
         self.started: list[tuple[str, int]] = []
+        self.spans: list[tuple[str, int, int]] = []  # (key, offset, length) of each read
         self._started_lock = threading.Lock()
 
     def gate(self, key: str, offset: int) -> threading.Event:
@@ -89,6 +90,7 @@ class GatedStore(MemoryStore):
     ) -> int:
         with self._started_lock:
             self.started.append((key, offset))
+            self.spans.append((key, offset, len(buffer)))
         gate = self.gates.get((key, offset)) or self.gate_all
         if gate is not None and not gate.wait(30):
             raise TimeoutError(f"gate of {key}@{offset} never opened")
@@ -120,7 +122,10 @@ def block_stack(
     window: int = 8,
     budget: int | None = None,
     cache: BlockCache | None = None,
+    run_blocks: int = 1,
 ) -> Iterator[Stack]:
+    """`run_blocks`: blocks per prefetch request (1: one request per block,
+    the simplest to count; the mount's default is 4)."""
     stats = MountStats()
     scheduler = Scheduler(threads)
     fetcher = BlockFetcher(
@@ -130,6 +135,7 @@ def block_stack(
         scheduler,
         stats,
         memory_budget=budget if budget is not None else 4 * window * block_size,
+        run_bytes=run_blocks * block_size,
     )
     reader = BlockReader(fetcher, block_size, window)
     try:

@@ -9,9 +9,13 @@ from storage, fetched at most once at a time.
   the block waits for the same request. A reader that starts waiting for a
   queued prefetch promotes it to the demand lane, so demand reads are never
   stuck behind prefetches.
-- `prefetch(key)`: non-blocking; schedules a fetch on the prefetch lane unless
-  the block is cached, held or in flight, and only when the memory budget
-  allows (returns False when it does not: demand reads never wait for budget).
+- `prefetch(key)` / `prefetch_many(keys)`: non-blocking; schedules fetches on
+  the prefetch lane for the blocks not cached, held or in flight, and only
+  when the memory budget allows (the blocks taken are a prefix of `keys`:
+  demand reads never wait for budget). Consecutive blocks of one object are
+  fetched together, up to RUN_BYTES per ranged GET, then split into blocks:
+  each block still has its own flight (single flight, held and cached per
+  block), the blocks of one run share the request and its scheduler ticket.
 - Memory budget: one bound, shared by every open file of the mount, on the
   bytes this fetcher owns: prefetches queued or in flight, prefetched blocks
   not yet read, and recently read blocks. Prefetched blocks are held here
@@ -23,7 +27,7 @@ from storage, fetched at most once at a time.
   the rest; an unread prefetched block gives way only after HOLD_SECONDS.
   Held blocks are the same `bytes` objects the RAM tier keeps, so holding
   them costs memory only once the RAM tier has dropped them.
-- Counters (MountStats): misses, blocks_fetched, bytes_fetched,
+- Counters (MountStats): misses, blocks_fetched, bytes_fetched, fetch_requests,
   prefetched_blocks, prefetch_used (a prefetched block later read),
   prefetch_wasted (best effort: prefetched, never read, and dropped from the
   hold, forgotten after TRACKED_PREFETCHES newer prefetches, or still unread
@@ -69,6 +73,11 @@ TRACKED_PREFETCHES = 4096
 # of one window, prefetch evicts the block a reader is halfway through and its
 # second 1 MiB read fetches it again (measured: 91 requests for 64 blocks).
 PREFETCH_SHARE = 0.75
+# Consecutive prefetched blocks go out as one ranged GET of up to this many
+# bytes. Measured against Azurite (8 threads reading a 1 GiB blob, same
+# rounds): 1-4 MiB ranges 300-490 MB/s, 6-16 MiB ranges 450-1600 MB/s, as
+# the per-request cost dominates; the downloader uses 8 MiB ranges too.
+RUN_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(eq=False)
@@ -80,6 +89,7 @@ class _Flight:
     urgent: bool  # a demand reader waits for it: it belongs on the demand lane
     future: Future[bytes] = field(default_factory=Future)
     ticket: Ticket | None = None
+    run: list[_Flight] = field(default_factory=list)  # the flights sharing its request
 
 
 def _done(data: bytes) -> Future[bytes]:
@@ -98,6 +108,7 @@ class BlockFetcher:
         stats: MountStats,
         *,
         memory_budget: int,
+        run_bytes: int = RUN_BYTES,
         hold_seconds: float = HOLD_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -117,6 +128,9 @@ class BlockFetcher:
         self._recent: OrderedDict[BlockKey, bytes] = OrderedDict()
         self._tracked: OrderedDict[BlockKey, None] = OrderedDict()
         self._prefetch_cap = int(memory_budget * PREFETCH_SHARE)
+        # Blocks per prefetch request; a run never needs more than the
+        # prefetch share, or a small budget would never admit a whole one.
+        self.run_blocks = max(1, min(run_bytes, self._prefetch_cap) // block_size)
         self._ahead = 0  # bytes of prefetches queued or in flight, and of _unread
         self._recent_bytes = 0  # bytes of _recent
         self._closed = False
@@ -153,7 +167,7 @@ class BlockFetcher:
             flight.future.set_result(data)
             return flight.future
         self.stats.add(misses=1)
-        self._submit(flight, demand=demand)
+        self._submit([flight], demand=demand)
         return flight.future
 
     def prefetch(self, key: BlockKey) -> bool:
@@ -161,40 +175,79 @@ class BlockFetcher:
         flight. False when the prefetch share of the memory budget is spent
         (or the fetcher is closed), so the caller can offer it again later;
         never blocks on I/O."""
-        size = self._span(key)[1]
+        return self.prefetch_many([key]) == 1
+
+    def prefetch_many(self, keys: list[BlockKey]) -> int:
+        """`prefetch` of each key in order, consecutive blocks of one object
+        in shared requests of up to `run_blocks` blocks. Returns how many
+        keys, from the first, are taken care of (held, cached, in flight or
+        now scheduled); the others did not fit the prefetch share and may be
+        offered again later. A run is admitted whole or not at all, so a
+        tight budget delays requests rather than splitting them into single
+        blocks."""
         with self._lock:
             if self._closed:
-                return False
-            if size == 0 or key in self._flights or key in self._unread or key in self._recent:
-                return True
-        if self._cache_contains(key):
-            return True
+                return 0
+            todo = [not self._known(k) for k in keys]
+        # Cache lookups outside the lock (the disk tier's may stat a file).
+        todo = [t and not self._cache_contains(k) for t, k in zip(todo, keys, strict=True)]
+        runs: list[list[_Flight]] = []
+        taken = 0
         with self._lock:
-            if self._closed:
-                return False
-            if key in self._flights or key in self._unread or key in self._recent:
-                return True
-            if not self._admit_prefetch(size):
-                return False
-            flight = _Flight(key, size, prefetch=True, wanted=False, urgent=False)
-            self._flights[key] = flight
-        return self._submit(flight, demand=False)
+            while taken < len(keys) and not self._closed:
+                if not todo[taken] or self._known(keys[taken]):
+                    taken += 1
+                    continue
+                run = [keys[taken]]
+                for key in keys[taken + 1 : taken + self.run_blocks]:
+                    prev = run[-1]
+                    if (key.obj, key.index) != (prev.obj, prev.index + 1):
+                        break
+                    if not todo[taken + len(run)] or self._known(key):
+                        break
+                    run.append(key)
+                sizes = [self._span(k)[1] for k in run]
+                if not self._admit_prefetch(sum(sizes)):
+                    break
+                flights = [
+                    _Flight(k, n, prefetch=True, wanted=False, urgent=False)
+                    for k, n in zip(run, sizes, strict=True)
+                ]
+                for flight in flights:
+                    self._flights[flight.key] = flight
+                runs.append(flights)
+                taken += len(run)
+        for flights in runs:
+            self._submit(flights, demand=False)
+        return taken
+
+    def _known(self, key: BlockKey) -> bool:
+        """Held, in flight, or empty (past the end): nothing to fetch. Lock held."""
+        return (
+            key in self._flights
+            or key in self._unread
+            or key in self._recent
+            or self._span(key)[1] == 0
+        )
 
     def cancel(self, keys: list[BlockKey]) -> None:
         """A reader lost interest in these prefetches (its handle closed):
         drop the queued ones nobody waits for, and let their held blocks be
         evicted first. Another handle on the same version re-fetches on demand."""
-        tickets = []
+        tickets: dict[int, Ticket] = {}
         with self._lock:
             for key in keys:
                 flight = self._flights.get(key)
-                if flight and flight.prefetch and not flight.wanted and flight.ticket:
-                    tickets.append(flight.ticket)
+                if flight is None or flight.ticket is None:
+                    continue
+                # A shared request is dropped only when nobody waits for any of its blocks.
+                if all(f.prefetch and not f.wanted for f in flight.run):
+                    tickets[id(flight.ticket)] = flight.ticket
                 entry = self._unread.pop(key, None)
                 if entry is not None:
                     self._to_recent(key, entry[0])
                     self._recent.move_to_end(key, last=False)  # first to go
-        for ticket in tickets:
+        for ticket in tickets.values():
             ticket.cancel()
 
     def memory_in_use(self) -> int:
@@ -222,42 +275,63 @@ class BlockFetcher:
 
     # -- fetching (workers) -----------------------------------------------
 
-    def _submit(self, flight: _Flight, *, demand: bool) -> bool:
+    def _submit(self, flights: list[_Flight], *, demand: bool) -> bool:
+        """Queue one request for `flights` (consecutive blocks of one object)."""
         try:
             ticket = self.scheduler.submit(
-                partial(self._fetch, flight), demand=demand, on_drop=partial(self._dropped, flight)
+                partial(self._fetch, flights),
+                demand=demand,
+                on_drop=partial(self._dropped, flights),
             )
         except SchedulerClosed:
-            self._fail(flight, OSError(errno.EIO, "the read scheduler is closed"))
+            for flight in flights:
+                self._fail(flight, OSError(errno.EIO, "the read scheduler is closed"))
             return False
         with self._lock:
-            flight.ticket = ticket
-            promote = flight.urgent and not demand
+            for flight in flights:
+                flight.ticket = ticket
+                flight.run = flights
+            promote = not demand and any(f.urgent for f in flights)
         if promote:  # a demand reader joined before the ticket existed
             ticket.promote()
         return True
 
-    def _fetch(self, flight: _Flight) -> None:
-        key = flight.key
-        offset, length = self._span(key)
+    def _fetch(self, flights: list[_Flight]) -> None:
+        first = flights[0].key
+        offset = self._span(first)[0]
+        length = sum(f.size for f in flights)
         try:
             buf = bytearray(length)
+            view = memoryview(buf)
             got = (
-                self.store.read_into(key.obj.key, offset, memoryview(buf), etag=key.obj.etag)
+                self.store.read_into(first.obj.key, offset, view, etag=first.obj.etag)
                 if length
                 else 0
             )
             if got != length:
                 raise StorageError(
-                    f"{key.obj.key}: short read of block {key.index} ({got} of {length} bytes)"
+                    f"{first.obj.key}: short read of blocks {first.index}-"
+                    f"{first.index + len(flights) - 1} ({got} of {length} bytes)"
                 )
-            data = bytes(buf)
+            pos, datas = 0, []
+            for flight in flights:  # each block its own immutable bytes (the caches keep them)
+                datas.append(bytes(view[pos : pos + flight.size]))
+                pos += flight.size
         except BaseException as exc:
-            self._fail(flight, exc)
+            for flight in flights:
+                self._fail(flight, exc)
             return
         self.stats.add(
-            blocks_fetched=1, bytes_fetched=length, prefetched_blocks=int(flight.prefetch)
+            fetch_requests=1,
+            blocks_fetched=len(flights),
+            bytes_fetched=length,
+            prefetched_blocks=sum(f.prefetch for f in flights),
         )
+        for flight, data in zip(flights, datas, strict=True):
+            self._complete(flight, data)
+
+    def _complete(self, flight: _Flight, data: bytes) -> None:
+        key, length = flight.key, len(data)
         # Readers first; the flight stays registered until the block is in the
         # cache, so a reader arriving meanwhile joins this done future.
         flight.future.set_result(data)
@@ -275,17 +349,19 @@ class BlockFetcher:
                 self._ahead += length  # the flight's share of the budget now holds it
                 self._unread[key] = (data, self._clock())
 
-    def _dropped(self, flight: _Flight) -> None:
-        """The scheduler dropped the job: release it, or re-queue it on the
-        demand lane (never dropped but at close) when a reader waits for it."""
-        with self._lock:
-            resubmit = flight.wanted and not self._closed
-            if not resubmit:
-                self._forget(flight)
-        if resubmit:
-            self._submit(flight, demand=True)
-        elif not flight.future.done():
-            flight.future.set_exception(OSError(errno.EIO, "block fetch cancelled"))
+    def _dropped(self, flights: list[_Flight]) -> None:
+        """The scheduler dropped the job: release its blocks, or re-queue
+        each block a reader waits for on the demand lane (never dropped but
+        at close)."""
+        for flight in flights:
+            with self._lock:
+                resubmit = flight.wanted and not self._closed
+                if not resubmit:
+                    self._forget(flight)
+            if resubmit:
+                self._submit([flight], demand=True)
+            elif not flight.future.done():
+                flight.future.set_exception(OSError(errno.EIO, "block fetch cancelled"))
 
     def _fail(self, flight: _Flight, exc: BaseException) -> None:
         with self._lock:

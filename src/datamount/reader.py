@@ -84,7 +84,10 @@ class BlockHandle:
         self.fetcher = fetcher
         self.obj = obj
         self.block_size = block_size
-        self._policy = PrefetchPolicy(block_count(obj.size, block_size), max_window)
+        # Prefetches go out in batches of one request's worth of blocks.
+        self._policy = PrefetchPolicy(
+            block_count(obj.size, block_size), max_window, batch=fetcher.run_blocks
+        )
         self._lock = threading.Lock()  # guards the policy and `_ahead`
         # The latest prefetches of this handle, cancelled at close.
         self._ahead: deque[int] = deque(maxlen=max(1, 2 * max_window))
@@ -115,14 +118,14 @@ class BlockHandle:
         return b"".join(parts)  # the one copy of a read that spans blocks
 
     def _prefetch(self, ahead: list[int]) -> None:
-        for index in ahead:
-            if not self.fetcher.prefetch(BlockKey(self.obj, index)):
-                # No budget left: the policy offers this block again next read.
-                with self._lock:
-                    self._policy.retract(index)
-                return
-            with self._lock:
-                self._ahead.append(index)
+        if not ahead:
+            return
+        taken = self.fetcher.prefetch_many([BlockKey(self.obj, i) for i in ahead])
+        with self._lock:
+            self._ahead.extend(ahead[:taken])
+            if taken < len(ahead):
+                # No budget left: the policy offers these blocks again next read.
+                self._policy.retract(ahead[taken])
 
     def close(self) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ class MountStats:
     misses: int = 0
     blocks_fetched: int = 0
     bytes_fetched: int = 0
+    fetch_requests: int = 0  # ranged GETs: one per block, or per run of prefetched blocks
     prefetched_blocks: int = 0
     prefetch_used: int = 0
     prefetch_wasted: int = 0

@@ -15,7 +15,11 @@ returned at most once per stream (a stream ends at a random jump; the
 fetcher ignores a prefetch of a block it holds or is fetching, so a new
 stream over old ground costs no request); `retract` hands back blocks the
 fetcher could not take (memory budget spent) so a later read offers them
-again.
+again. Once the window is at least `batch` blocks, blocks are handed out
+only `batch` at a time (or the rest of the file): the fetcher sends
+consecutive blocks as one request, and a full window that advanced by one
+block would otherwise yield one-block requests (the per-request cost, not
+the bytes, bounds the throughput of small ranges).
 
 No threads, no I/O, no locks: the caller (one handle) serialises calls.
 Imports nothing.
@@ -31,11 +35,12 @@ REORDER_SLACK = 4
 
 
 class PrefetchPolicy:
-    def __init__(self, block_count: int, max_window: int) -> None:
-        if block_count < 0 or max_window < 0:
-            raise ValueError("block_count and max_window must not be negative")
+    def __init__(self, block_count: int, max_window: int, batch: int = 1) -> None:
+        if block_count < 0 or max_window < 0 or batch < 1:
+            raise ValueError("block_count and max_window must not be negative, batch >= 1")
         self.block_count = block_count
         self.max_window = max_window
+        self.batch = batch
         self._window = 0
         self._hi = -1  # furthest block read in this stream; -1: nothing read yet
         self._issued = 0  # blocks below this were read or returned in this stream
@@ -64,6 +69,8 @@ class PrefetchPolicy:
         end = min(self._hi + 1 + self._window, self.block_count)
         if self._issued >= end:
             return []
+        if end < self.block_count and end - self._issued < min(self.batch, self._window):
+            return []  # wait until a whole batch is due
         ahead = list(range(self._issued, end))
         self._issued = end
         return ahead
