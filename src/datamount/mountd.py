@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -184,6 +185,15 @@ class MountState:
 def state_file(cache_dir: Path, mountpoint: Path) -> Path:
     digest = hashlib.sha256(mount_key(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()
     return cache_dir / "mounts" / f"{digest[:16]}.json"
+
+
+def stats_path(log_dir: Path, entry: str, mountpoint: Path) -> Path:
+    """Where the daemon of `mountpoint` writes its counters: named after the
+    entry and a short hash of the mount point, since two mounts may serve
+    entries of the same name (every single-shape spec's is `input`)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", entry) or "input"
+    digest = hashlib.sha256(mount_key(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()
+    return log_dir / f"mount-stats-{safe}-{digest[:8]}.json"
 
 
 def unsaved_file(state: Path) -> Path:

@@ -352,7 +352,7 @@ def _daemon(
 ) -> MountDaemon:
     settings = ctx.settings
     name = _safe_name(entry.name)
-    stats_file = settings.log_dir / f"mount-stats-{name}.json"
+    stats_file = mountd.stats_path(settings.log_dir, entry.name, mountpoint)
     uri = location.uri()
     state = mountd.MountState(
         pid=os.getpid(),
