@@ -162,6 +162,24 @@ def test_mkdir_rmdir_unlink_rename(tmp_path: Path) -> None:
     assert fs.chmod("/t/x", 0o600) == fs.chown("/t/x", 1, 1) == fs.utimens("/t/x", None) == 0
 
 
+def test_backslash_names_are_einval_and_files_show_executable(tmp_path: Path) -> None:
+    store = MemoryStore({"out/f": b"f"})
+    fs = make(store, tmp_path / "s")
+    assert errno_of(fs.create, "/back\\slash", 0o644, W) == errno.EINVAL
+    assert errno_of(fs.mkdir, "/back\\dir", 0o755) == errno.EINVAL
+    assert errno_of(fs.rename, "/f", "/g\\h") == errno.EINVAL
+    assert [o.key for p in store.list_pages("out/") for o in p.objects] == ["out/f"]
+    assert [n for n, _, _ in fs.readdir(fs.opendir("/"), 0) if n not in (".", "..")] == ["f"]
+    # blobs have no mode: files show 0755 (a script written here can run), as do folders
+    write_file(fs, "/run.sh", b"#!/bin/sh\necho hi\n")
+    fs.mkdir("/d", 0o700)
+    assert fs.getattr("/run.sh")["st_mode"] & 0o7777 == 0o755
+    assert fs.getattr("/f")["st_mode"] & 0o7777 == 0o755
+    assert fs.getattr("/d")["st_mode"] & 0o7777 == 0o755
+    assert fs.chmod("/run.sh", 0o600) == 0  # accepted, changes nothing
+    assert fs.getattr("/run.sh")["st_mode"] & 0o7777 == 0o755
+
+
 def test_rename_and_unlink_of_open_files(tmp_path: Path) -> None:
     store = MemoryStore()
     fs = make(store, tmp_path / "s")

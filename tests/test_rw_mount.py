@@ -205,6 +205,33 @@ def test_names_change_in_storage(
     unmount_ok(mounts, mp, env)
 
 
+def test_backslash_refused_and_scripts_run_from_the_mount(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    for make in (lambda p: p.write_bytes(b"x"), os.mkdir):
+        with pytest.raises(OSError) as caught:
+            make(mp / "back\\slash")
+        assert caught.value.errno == errno.EINVAL
+    (mp / "ok.txt").write_bytes(b"ok")
+    with pytest.raises(OSError) as caught:
+        os.rename(mp / "ok.txt", mp / "a\\b")
+    assert caught.value.errno == errno.EINVAL
+    assert os.listdir(mp) == ["ok.txt"]
+    assert [b.name for b in container.list_blobs()] == ["out/ok.txt"]
+    # a script written to the output runs from it (files show 0755; chmod is ignored)
+    script = mp / "run.sh"
+    script.write_text("#!/bin/sh\necho ran $1\n")
+    os.chmod(script, 0o755)
+    assert os.stat(script).st_mode & 0o7777 == 0o755
+    assert os.stat(mp).st_mode & 0o7777 == 0o755
+    done = subprocess.run([str(script), "here"], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "ran here\n")
+    unmount_ok(mounts, mp, env)
+
+
 def test_fsync_is_durable_before_close(
     azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
 ) -> None:  # noqa: ANN001

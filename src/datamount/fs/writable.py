@@ -24,7 +24,10 @@ One job: the write side of the FUSE filesystem, testable without a kernel
 - A uri_file output (`namespace.file_key`) shows its one name at the root;
   it can be created, written, truncated and deleted, and no other name (EACCES).
 - chmod, chown and utimens are accepted and ignored: blobs have no owner or
-  mode, and their time is the service's last-modified time.
+  mode, and their time is the service's last-modified time. Files show as
+  0755 (a script written to an output can be run), folders 0755.
+- New names (create, mkdir, rename's target) with a backslash are EINVAL:
+  Azure reads it as `/`, so the name would come back as a folder.
 - The namespace's caches are invalidated by every change made here; the
   kernel's own caches follow its dentries.
 
@@ -59,7 +62,9 @@ from datamount.writeback import Staged, WriteBack
 
 log = logging.getLogger("datamount.fs.writable")
 
-RW_FILE_MODE = stat.S_IFREG | 0o644
+# Blobs have no mode: every file shows executable (blobfuse2 shows 0777), so a
+# script a job writes to an output can be run from it; chmod changes nothing.
+RW_FILE_MODE = stat.S_IFREG | 0o755
 RW_DIR_MODE = stat.S_IFDIR | 0o755
 FOLDER_METADATA = {"hdi_isfolder": "true"}  # what ADLS and blobfuse2 mark folders with
 RENAME_THREADS = 8  # copy + delete of a folder's blobs in parallel
@@ -96,6 +101,16 @@ class WritableFS(ReadOnlyFS):
         self._counts.update(writes=0, bytes_written=0, creates=0, mkdirs=0, renames=0, deletes=0)
 
     # -- names -------------------------------------------------------------------
+
+    @staticmethod
+    def _new_name(path: str) -> None:
+        """A name this mount may create: not too long, and no backslash (Azure
+        reads `\\` as `/`, so `a\\b` would come back as the folder `a`)."""
+        name = split(path)[1]
+        if len(name.encode()) > NAME_MAX:
+            raise _error(errno.ENAMETOOLONG, path)
+        if "\\" in name:
+            raise _error(errno.EINVAL, path)
 
     def _only_the_file(self, path: str) -> None:
         """A uri_file mount holds its one name: no other file or folder."""
@@ -226,8 +241,7 @@ class WritableFS(ReadOnlyFS):
 
     def create(self, path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> Opened:
         rel = path.strip("/")
-        if len(split(rel)[1].encode()) > NAME_MAX:
-            raise _error(errno.ENAMETOOLONG, path)
+        self._new_name(path)
         self._only_the_file(path)
         self._parent_dir(path)
         with self.staged.choosing:
@@ -356,8 +370,7 @@ class WritableFS(ReadOnlyFS):
 
     def mkdir(self, path: str, mode: int = 0o755) -> int:
         rel = path.strip("/")
-        if len(split(rel)[1].encode()) > NAME_MAX:
-            raise _error(errno.ENAMETOOLONG, path)
+        self._new_name(path)
         if self._find(path) is not None:
             raise _error(errno.EEXIST, path)
         if self.namespace.file_key is not None:
@@ -394,6 +407,7 @@ class WritableFS(ReadOnlyFS):
             return 0
         if not o_rel or not n_rel or n_rel.startswith(o_rel + "/"):
             raise _error(errno.EINVAL, old)
+        self._new_name(new)
         self._only_the_file(old)
         self._only_the_file(new)
         source = self._attrs(old)
