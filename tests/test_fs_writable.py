@@ -20,6 +20,7 @@ from datamount.fs.writable import WritableFS
 from datamount.reader import DirectReader
 from datamount.storage.base import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, forbidden
+from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
 from datamount.writeback import JOURNAL, WriteBack, WriteBackOptions
 
@@ -178,6 +179,38 @@ def test_backslash_names_are_einval_and_files_show_executable(tmp_path: Path) ->
     assert fs.getattr("/d")["st_mode"] & 0o7777 == 0o755
     assert fs.chmod("/run.sh", 0o600) == 0  # accepted, changes nothing
     assert fs.getattr("/run.sh")["st_mode"] & 0o7777 == 0o755
+
+
+def test_local_store_folders_are_directories(tmp_path: Path) -> None:
+    """On a local output path a folder is a directory: no marker blobs."""
+    root = tmp_path / "root"
+    store = LocalStore(root)
+    fs = make(store, tmp_path / "s")
+    fs.mkdir("/d2", 0o755)  # the output folder itself did not exist yet
+    assert (root / "out" / "d2").is_dir()
+    assert fs.getattr("/d2")["st_mode"] & 0o040000
+    for p in ("/x", "/x/y", "/x/y/z"):
+        fs.mkdir(p, 0o755)
+    write_file(fs, "/x/y/z/f.txt", b"deep")
+    fs.mkdir("/x/empty", 0o755)
+    fs.rename("/x", "/x2")
+    assert not (root / "out" / "x").exists()
+    assert (root / "out" / "x2" / "y" / "z" / "f.txt").read_bytes() == b"deep"
+    assert (root / "out" / "x2" / "empty").is_dir()  # empty folders move too
+    assert sorted(n for n, _, _ in fs.readdir(fs.opendir("/x2"), 0) if n not in (".", "..")) == [
+        "empty",
+        "y",
+    ]
+    assert errno_of(fs.getattr, "/x/y") == errno.ENOENT
+    write_file(fs, "/a.txt", b"a")
+    fs.rename("/a.txt", "/d2/b.txt")
+    assert (root / "out" / "d2" / "b.txt").read_bytes() == b"a"
+    assert errno_of(fs.rmdir, "/d2") == errno.ENOTEMPTY
+    fs.unlink("/d2/b.txt")
+    fs.rmdir("/d2")
+    fs.rmdir("/x2/empty")
+    assert sorted(os.listdir(root / "out")) == ["x2"]
+    assert sorted(os.listdir(root / "out" / "x2")) == ["y"]
 
 
 def test_rename_and_unlink_of_open_files(tmp_path: Path) -> None:

@@ -232,6 +232,38 @@ def test_backslash_refused_and_scripts_run_from_the_mount(
     unmount_ok(mounts, mp, env)
 
 
+def test_local_output_folders_are_directories(
+    azurite, container, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    """rw_mount of a local path: mkdir, mkdir -p, writes below and mv of a
+    folder work as on any directory (no folder marker files)."""
+    target = tmp_path / "x" / "localout"  # does not exist yet
+    spec = tmp_path / "local.yaml"
+    spec.write_text(f"outputs:\n  lo: {{type: uri_folder, path: '{target}/', mode: rw_mount}}\n")
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    out = datamount("mount", str(spec), str(mp), env=env)
+    assert out.returncode == 0, out.stderr
+    os.mkdir(mp / "d2")
+    assert (target / "d2").is_dir() and (mp / "d2").is_dir()
+    done = subprocess.run(["mkdir", "-p", str(mp / "x" / "y" / "z")], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (mp / "x" / "y" / "z" / "f.txt").write_bytes(b"deep")
+    os.mkdir(mp / "x" / "empty")
+    done = subprocess.run(["mv", str(mp / "x"), str(mp / "x2")], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(mp)) == ["d2", "x2"]
+    assert sorted(os.listdir(mp / "x2")) == ["empty", "y"]
+    assert (mp / "x2" / "y" / "z" / "f.txt").read_bytes() == b"deep"
+    assert (target / "x2" / "y" / "z" / "f.txt").read_bytes() == b"deep"
+    assert (target / "x2" / "empty").is_dir() and not (target / "x").exists()
+    os.rmdir(mp / "d2")
+    assert sorted(os.listdir(target)) == ["x2"]
+    unmount_ok(mounts, mp, env)
+
+
 def test_fsync_is_durable_before_close(
     azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
 ) -> None:  # noqa: ANN001

@@ -16,11 +16,13 @@ One job: the write side of the FUSE filesystem, testable without a kernel
   `failed`), retried at unmount and by the next mount with the same cache.
   Once every handle is closed and the blob is in storage, the staged file is
   dropped and reads go back to the read-only path (block cache).
-- Storage is a flat blob namespace: `mkdir` writes a folder marker blob
-  (`dir/`, metadata hdi_isfolder=true: durable, and seen as a folder by every
-  other reader — Azure ML, blobfuse2, Storage Explorer), `rmdir` deletes it
-  (ENOTEMPTY when anything is below), `rename` is copy + delete per blob
-  (a folder: every blob under it) and is not atomic, `unlink` deletes.
+- Folders and moves are `fs.folders`: on blob storage, a flat namespace,
+  `mkdir` writes a folder marker blob (`dir/`, metadata hdi_isfolder=true:
+  durable, and seen as a folder by every other reader — Azure ML, blobfuse2,
+  Storage Explorer), `rmdir` deletes it (ENOTEMPTY when anything is below),
+  `rename` is copy + delete per blob (a folder: every blob under it) and is
+  not atomic; on a local output path a folder is a directory (mkdir, rmdir,
+  rename(2)). `unlink` deletes.
 - A uri_file output (`namespace.file_key`) shows its one name at the root;
   it can be created, written, truncated and deleted, and no other name (EACCES).
 - chmod, chown and utimens are accepted and ignored: blobs have no owner or
@@ -50,10 +52,10 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from datamount.errors import ObjectNotFound
+from datamount.fs.folders import Folders, folders_for
 from datamount.fs.namespace import Attrs, Namespace, split
 from datamount.fs.ops import NAME_MAX, Opened, ReadOnlyFS, _DirStream, _error
 from datamount.fs.staged import StagedFiles
@@ -66,8 +68,6 @@ log = logging.getLogger("datamount.fs.writable")
 # script a job writes to an output can be run from it; chmod changes nothing.
 RW_FILE_MODE = stat.S_IFREG | 0o755
 RW_DIR_MODE = stat.S_IFDIR | 0o755
-FOLDER_METADATA = {"hdi_isfolder": "true"}  # what ADLS and blobfuse2 mark folders with
-RENAME_THREADS = 8  # copy + delete of a folder's blobs in parallel
 _WRITING = os.O_TRUNC | os.O_APPEND
 
 
@@ -91,9 +91,11 @@ class WritableFS(ReadOnlyFS):
         store_id: str,
         uid: int | None = None,
         gid: int | None = None,
+        folders: Folders | None = None,
     ) -> None:
         super().__init__(namespace, reader, store_id=store_id, uid=uid, gid=gid)
         self.store = namespace.store
+        self.folders = folders if folders is not None else folders_for(self.store)
         self.writeback = writeback
         self.staged = StagedFiles(namespace, reader, writeback, store_id=store_id)
         self._handles: dict[int, _Handle] = {}
@@ -377,7 +379,7 @@ class WritableFS(ReadOnlyFS):
             raise _error(errno.EACCES, path)
         self._parent_dir(path)
         try:
-            self.store.put(self.staged.key(rel) + "/", b"", metadata=FOLDER_METADATA)
+            self.folders.make(self.staged.key(rel))
         finally:
             self.namespace.invalidate(path)
         with self._lock:
@@ -394,9 +396,7 @@ class WritableFS(ReadOnlyFS):
         if not self._is_empty(path):
             raise _error(errno.ENOTEMPTY, path)
         try:
-            self.store.delete(self.staged.key(rel) + "/")
-        except ObjectNotFound:
-            pass  # a folder with no marker (its last blob went): nothing stored
+            self.folders.remove(self.staged.key(rel))
         finally:
             self.namespace.invalidate_tree(path)
         return 0
@@ -438,15 +438,15 @@ class WritableFS(ReadOnlyFS):
                 self.staged.forget(replaced)
             try:
                 if staged is None:
-                    self.store.copy(old_key, new_key)
-                    self.store.delete(old_key)
+                    self.folders.move_file(old_key, new_key)
                     return
                 with staged.lock:  # waits for an upload of it in progress
                     if not staged.dirty:
-                        self.store.copy(old_key, new_key)
+                        self.folders.move_file(old_key, new_key)
+                    else:
+                        with contextlib.suppress(ObjectNotFound):  # never uploaded under it
+                            self.store.delete(old_key)
                     self.writeback.rekey(staged, new_key)
-                    with contextlib.suppress(ObjectNotFound):  # never uploaded under it
-                        self.store.delete(old_key)
                 self.staged.put(staged)
             finally:
                 self.namespace.invalidate("/" + o_rel)
@@ -456,20 +456,11 @@ class WritableFS(ReadOnlyFS):
             self.staged.drop_if_done(staged)
 
     def _rename_dir(self, o_rel: str, n_rel: str) -> None:
-        old_prefix, new_prefix = self.staged.key(o_rel) + "/", self.staged.key(n_rel) + "/"
+        new_prefix = self.staged.key(n_rel) + "/"
         with self.staged.choosing:
             moved = self.staged.pop_below(o_rel)
             try:
-                keys = [
-                    obj.key for page in self.store.list_pages(old_prefix) for obj in page.objects
-                ]
-
-                def move(key: str) -> None:
-                    self.store.copy(key, new_prefix + key[len(old_prefix) :])
-                    self.store.delete(key)
-
-                with ThreadPoolExecutor(RENAME_THREADS, thread_name_prefix="rename") as pool:
-                    list(pool.map(move, keys))
+                self.folders.move_folder(self.staged.key(o_rel), self.staged.key(n_rel))
             finally:
                 for r, staged in moved:
                     with staged.lock:
@@ -477,8 +468,6 @@ class WritableFS(ReadOnlyFS):
                     self.staged.put(staged)
                 self.namespace.invalidate_tree("/" + o_rel)
                 self.namespace.invalidate_tree("/" + n_rel)
-        log.info("renamed folder %s -> %s: %d blobs copied and deleted",
-                 old_prefix, new_prefix, len(keys))  # fmt: skip
 
     # -- metadata that blobs do not have ---------------------------------------------
 
