@@ -22,7 +22,13 @@ from datamount.storage.base import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, forbidden
 from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
-from datamount.writeback import JOURNAL, WriteBack, WriteBackOptions
+from datamount.writeback import (
+    JOURNAL,
+    Leftovers,
+    WriteBack,
+    WriteBackOptions,
+    journal_leftovers,
+)
 
 BLOCK = 1024
 rng = random.Random(11)
@@ -232,7 +238,7 @@ def test_rename_and_unlink_of_open_files(tmp_path: Path) -> None:
     fs.flush(fh)
     fs.release(fh)
     assert errno_of(store.stat, "out/gone") == errno.ENOENT
-    assert fs.finish_writes(1.0) == []  # nothing pending: it was unlinked
+    assert not fs.finish_writes(1.0)  # nothing pending: it was unlinked
     assert list((tmp_path / "s").glob("*.data")) == []
 
 
@@ -251,13 +257,16 @@ def test_failed_upload_is_eio_kept_in_journal_and_recovered(tmp_path: Path) -> N
     opened = fs.open("/model.pt", os.O_RDONLY)  # still readable from staging
     assert fs.read(opened.fh, 0, 100) == b"weights"
     fs.release(opened.fh)
-    assert fs.finish_writes(1.0) == ["out/model.pt"]
+    left = fs.finish_writes(1.0)
+    assert [k for k, _ in left.to_upload] == ["out/model.pt"] and not left.never_closed
+    assert "a new mount of this output with the same cache folder uploads them" in left.describe()
     fs.close()
+    assert journal_leftovers(tmp_path / "s") == left  # what `unmount` reads after a crash
 
     # the next mount with the same staging folder uploads it
     fs2 = make(inner, tmp_path / "s")
     assert fs2.start_recovery() == 1
-    assert fs2.finish_writes(5.0) == []
+    assert not fs2.finish_writes(5.0)
     assert inner.data("out/model.pt") == b"weights"
     assert fs2.counters()["reuploads"] == 1
     assert json.loads((tmp_path / "s" / JOURNAL).read_text())["entries"] == {}
@@ -282,10 +291,19 @@ def test_open_when_daemon_died_is_kept_not_uploaded(tmp_path: Path) -> None:
     fs = make(store, tmp_path / "s")
     fh = fs.create("/half", 0o644, W).fh
     fs.write("/half", b"half written", 0, fh)
+    # a forced unmount: the file is still open, so it is named as never closed,
+    # where its bytes are, and that no later mount uploads it
+    left = fs.finish_writes(0.5)
+    (staged,) = (tmp_path / "s").glob("*.data")
+    assert left == Leftovers(never_closed=(("out/half", str(staged)),))
+    message = left.describe()
+    assert "never closed" in message and "not uploaded automatically" in message
+    assert f"out/half -> {staged}" in message and "uploads them" not in message
     fs.close()  # the daemon stops with the file open
+    assert journal_leftovers(tmp_path / "s") == left
     fs2 = make(store, tmp_path / "s")
     assert fs2.start_recovery() == 0
-    assert fs2.finish_writes(1.0) == []  # abandoned: named in the log, not pending
+    assert not fs2.finish_writes(1.0)  # abandoned: named in the log, not pending
     assert errno_of(store.stat, "out/half") == errno.ENOENT
     assert [p.read_bytes() for p in (tmp_path / "s").glob("*.data")] == [b"half written"]
 

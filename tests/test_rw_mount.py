@@ -381,6 +381,54 @@ def test_sigkill_mid_write_then_remount_uploads_closed_files(
     assert "was still open for writing" in runtime_log(mounts)
 
 
+def test_unmount_of_a_killed_daemon_fails_and_names_what_is_staged(
+    azurite, container, tmp_path: Path, mounts: Mounts, proxy: FaultProxy
+) -> None:  # noqa: ANN001
+    """kill -9 of an rw_mount daemon: `unmount` clears the stale mount, then
+    exits 4 naming what its staging journal holds (a later mount with the
+    same cache uploads the closed files); with nothing staged it still fails:
+    writes in progress may be lost."""
+    env = env_for(azurite, tmp_path, container, via=proxy)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    (mp / "a.bin").write_bytes(b"a")
+    proxy.deny_writes("out/b.bin")  # closed, but storage refuses it: staged, to upload
+    with pytest.raises(OSError):
+        (mp / "b.bin").write_bytes(b"bbb")
+    writer = os.open(mp / "c.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(writer, b"half")
+    pid = mounts.daemon(mp)
+    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.close(writer)
+    assert wait_for(lambda: not alive(pid))
+    out = datamount("unmount", str(mp), env=env)
+    assert out.returncode == 4, out.stderr
+    assert "cleared a stale mount" not in out.stdout
+    err = out.stderr
+    assert f"daemon (pid {pid}) died" in err and "a.bin" not in err, err
+    assert "out/b.bin" in err and "uploads them" in err, err
+    assert "out/c.bin ->" in err and "never closed" in err, err
+    assert not mounted(mp) and not state_file(mounts.cache_dir, mp).exists()
+    # the next mount with the same cache uploads b (closed), not c (never closed)
+    proxy.allow_writes("out/b.bin")
+    mount_ok(tmp_path, mp, env)
+    assert wait_for(lambda: "out/b.bin" in [x.name for x in container.list_blobs()])
+    unmount_ok(mounts, mp, env)
+    assert sorted(x.name for x in container.list_blobs()) == ["out/a.bin", "out/b.bin"]
+
+    # nothing staged at all: still not a clean unmount
+    mount_ok(tmp_path, mp, env)
+    (mp / "d.bin").write_bytes(b"d")
+    pid = mounts.daemon(mp)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not alive(pid))
+    out = datamount("unmount", str(mp), env=env)
+    assert out.returncode == 4, out.stderr
+    assert "died" in out.stderr and "may be lost" in out.stderr, out.stderr
+    assert not mounted(mp)
+
+
 @pytest.fixture
 def small_cache(tmp_path: Path) -> Iterator[Path]:
     """The cache folder on its own 96 MiB tmpfs: free space that other work on
@@ -521,7 +569,17 @@ def test_unmount_with_a_file_still_open_names_it_and_exits_4(
             os.close(fd)
     assert blob(azure_store, "out/busy.bin") == b"first"
     assert blob(azure_store, "out/done.txt") == b"done"
-    assert [p.read_bytes() for p in staging_dir(mounts).glob("*.data")] == [b"first and more"]
+    (staged,) = staging_dir(mounts).glob("*.data")
+    assert staged.read_bytes() == b"first and more"
+    # The message says what happens: never closed, kept there, not uploaded by a later mount.
+    assert "never closed" in err and "not uploaded automatically" in err, err
+    assert f"out/busy.bin -> {staged}" in err and "uploads them" not in err, err
+    # ... and so it is: the next mount with the same cache leaves it alone.
+    mount_ok(tmp_path, mp, env)
+    unmount_ok(mounts, mp, env)
+    assert blob(azure_store, "out/busy.bin") == b"first"
+    assert staged.read_bytes() == b"first and more"
+    assert "was still open for writing" in runtime_log(mounts)
 
 
 def test_uri_file_output(

@@ -16,13 +16,17 @@ unmounting. The daemon itself is `daemon.MountDaemon`.
   and ends the daemon; the daemon sees its loop end, logs its counters and
   exits. An rw_mount daemon that could not upload everything leaves
   `<state>.unsaved.json`: `unmount` then fails with OutputError (exit 4).
+  A stale rw_mount (its daemon died: `MountState.mode`) is cleared, then
+  fails the same way, naming what its staging journal (`MountState.staging`)
+  still holds, or that writes in progress may be lost.
 
-Threads: none. Imports `errors`, `log`.
+Threads: none. Imports `errors`, `log`, `writeback` (`Leftovers`, the journal).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -40,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from datamount.errors import DataError, DatamountError, OutputError
+from datamount.writeback import Leftovers, journal_leftovers
 
 if TYPE_CHECKING:
     pass
@@ -180,6 +185,19 @@ class MountState:
     uri: str
     started: float
     stats_file: str
+    # Added later; state files written before them read as "" (not rw_mount).
+    mode: str = ""  # the entry's mode: "rw_mount" marks a read-write mount
+    staging: str = ""  # rw_mount: its staging folder (journal of what is only staged)
+
+    @property
+    def writable(self) -> bool:
+        return self.mode == "rw_mount"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MountState:
+        """Known fields only: a state file of a newer or older version reads too."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def state_file(cache_dir: Path, mountpoint: Path) -> Path:
@@ -204,7 +222,7 @@ def unsaved_file(state: Path) -> Path:
 def read_state(cache_dir: Path, mountpoint: Path) -> MountState | None:
     try:
         data = json.loads(state_file(cache_dir, mountpoint).read_text())
-        return MountState(**data)
+        return MountState.from_dict(data)
     except (OSError, ValueError, TypeError):
         return None
 
@@ -357,14 +375,16 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
         fusermount(mountpoint, lazy=True)
         if pid is not None:
             end_process(pid)
-        state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+        _forget(cache_dir, mountpoint)
+        _report_dead_rw(mountpoint, state)
         return "cleared a stale mount"
     entry = find_mount(mountpoint)
     if entry is None:
-        state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+        _forget(cache_dir, mountpoint)
         if pid is not None:
             end_process(pid)
             return "not mounted; stopped its daemon"
+        _report_dead_rw(mountpoint, state)  # a dead daemon's mount detached by someone else
         raise DataError(f"{mountpoint} is not mounted")
     if entry.fstype != FSTYPE:
         raise DataError(f"{mountpoint} is not a datamount mount ({entry.fstype})")
@@ -391,6 +411,30 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
     return how
 
 
+def _forget(cache_dir: Path, mountpoint: Path) -> None:
+    """The daemon is gone: its state file and its answer go too."""
+    state = state_file(cache_dir, mountpoint)
+    state.unlink(missing_ok=True)
+    unsaved_file(state).unlink(missing_ok=True)
+
+
+def _report_dead_rw(mountpoint: Path, state: MountState | None) -> None:
+    """After clearing the mount of a dead rw_mount daemon: OutputError (exit
+    code 4), since it never finished its uploads. Names what its staging
+    journal still holds, or says writes may be lost."""
+    if state is None or not state.writable:
+        return
+    left = journal_leftovers(Path(state.staging)) if state.staging else Leftovers()
+    died = f"{mountpoint}: the rw_mount daemon (pid {state.pid}) died before it was unmounted"
+    if left:
+        raise OutputError(f"{died}; the stale mount is cleared. {left.describe(state.staging)}")
+    raise OutputError(
+        f"{died}; the stale mount is cleared. Files closed before it died were uploaded; "
+        "writes in progress when it died (not yet closed or fsync'd) may be lost"
+        + (f" (nothing is left in its staging folder {state.staging})" if state.staging else "")
+    )
+
+
 def _report_unsaved(mountpoint: Path, answer: Path) -> None:
     """OutputError (exit code 4) when the rw_mount daemon left writes only staged."""
     try:
@@ -398,13 +442,11 @@ def _report_unsaved(mountpoint: Path, answer: Path) -> None:
     except (OSError, ValueError):
         return
     answer.unlink(missing_ok=True)
-    if data.get("unsaved"):
-        names = [str(n) for n in data["unsaved"]]
-        raise OutputError(
-            f"{mountpoint}: {len(names)} files could not be uploaded (kept in the staging "
-            f"folder; a new mount of this output with the same cache folder uploads them): "
-            + ", ".join(names)
-        )
+    if not isinstance(data, dict):
+        return
+    left = Leftovers.from_json(data)
+    if left:
+        raise OutputError(f"{mountpoint}: {left.describe(str(data.get('staging', '')))}")
     if data.get("pending"):
         raise OutputError(
             f"{mountpoint}: the mount daemon stopped before its uploads finished (kept in the "

@@ -60,7 +60,7 @@ from datamount.fs.namespace import Attrs, Namespace, split
 from datamount.fs.ops import NAME_MAX, Opened, ReadOnlyFS, _DirStream, _error
 from datamount.fs.staged import StagedFiles
 from datamount.reader import Reader
-from datamount.writeback import Staged, WriteBack
+from datamount.writeback import Leftovers, Staged, WriteBack
 
 log = logging.getLogger("datamount.fs.writable")
 
@@ -520,10 +520,12 @@ class WritableFS(ReadOnlyFS):
                 self._idle.wait(left)
             return True
 
-    def finish_writes(self, timeout: float) -> list[str]:
+    def finish_writes(self, timeout: float) -> Leftovers:
         """At unmount: wait for the re-uploads, retry failed uploads once (all
-        within `timeout` s); returns the blob keys whose bytes are still only
-        staged (named in the log; the caller exits with EXIT_OUTPUTS)."""
+        within `timeout` s); returns what is still only staged (named in the
+        log; the caller exits with EXIT_OUTPUTS). A file still open for
+        writing (a forced unmount) is not uploaded: its writer never closed
+        it, so it may be incomplete."""
         deadline = time.monotonic() + timeout
         if self._recovery is not None:
             self._recovery.join(max(0.0, deadline - time.monotonic()))
@@ -539,10 +541,13 @@ class WritableFS(ReadOnlyFS):
             except OSError:
                 continue
             self.staged.drop_if_done(staged)
-        unsaved = self.writeback.unsaved()
-        for key in unsaved:
+        left = self.writeback.leftovers()
+        for key, _ in left.to_upload:
             log.error("not uploaded, kept in staging %s: %s", self.writeback.directory, key)
-        return unsaved
+        for key, path in left.never_closed:
+            log.error("still open for writing at unmount, not uploaded (kept in %s): %s",
+                      path, key)  # fmt: skip
+        return left
 
     def counters(self) -> dict[str, int]:
         counts = super().counters()
