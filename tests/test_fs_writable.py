@@ -18,17 +18,12 @@ import pytest
 from datamount.fs.namespace import Namespace
 from datamount.fs.writable import WritableFS
 from datamount.reader import DirectReader
+from datamount.staging import Leftovers, journal_leftovers
 from datamount.storage.base import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, forbidden
 from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
-from datamount.writeback import (
-    JOURNAL,
-    Leftovers,
-    WriteBack,
-    WriteBackOptions,
-    journal_leftovers,
-)
+from datamount.writeback import JOURNAL, WriteBack, WriteBackOptions
 
 BLOCK = 1024
 rng = random.Random(11)

@@ -10,7 +10,7 @@ serve a filesystem at a mount point until asked to go, then drain and unmount.
   the loop).
 - rw_mount: once its loop has ended the daemon waits (the rest of the drain
   time) for pending uploads (`fs.finish_writes`); what is still only staged
-  (`writeback.Leftovers`: closed files to upload, and files never closed,
+  (`staging.Leftovers`: closed files to upload, and files never closed,
   which are not uploaded) is named in the log and in `<state>.unsaved.json`,
   and `unmount` then fails with OutputError (exit code 4).
 
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from datamount.errors import DataError
 from datamount.log import activity
-from datamount.writeback import Leftovers
+from datamount.staging import Leftovers
 
 if TYPE_CHECKING:
     from datamount.fs.fuse_adapter import Adapter

@@ -20,7 +20,7 @@ unmounting. The daemon itself is `daemon.MountDaemon`.
   fails the same way, naming what its staging journal (`MountState.staging`)
   still holds, or that writes in progress may be lost.
 
-Threads: none. Imports `errors`, `log`, `writeback` (`Leftovers`, the journal).
+Threads: none. Imports `errors`, `log`, `staging` (`Leftovers`, the journal).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from datamount.errors import DataError, DatamountError, OutputError
-from datamount.writeback import Leftovers, journal_leftovers
+from datamount.staging import Leftovers, died_message
 
 if TYPE_CHECKING:
     pass
@@ -422,17 +422,8 @@ def _report_dead_rw(mountpoint: Path, state: MountState | None) -> None:
     """After clearing the mount of a dead rw_mount daemon: OutputError (exit
     code 4), since it never finished its uploads. Names what its staging
     journal still holds, or says writes may be lost."""
-    if state is None or not state.writable:
-        return
-    left = journal_leftovers(Path(state.staging)) if state.staging else Leftovers()
-    died = f"{mountpoint}: the rw_mount daemon (pid {state.pid}) died before it was unmounted"
-    if left:
-        raise OutputError(f"{died}; the stale mount is cleared. {left.describe(state.staging)}")
-    raise OutputError(
-        f"{died}; the stale mount is cleared. Files closed before it died were uploaded; "
-        "writes in progress when it died (not yet closed or fsync'd) may be lost"
-        + (f" (nothing is left in its staging folder {state.staging})" if state.staging else "")
-    )
+    if state is not None and state.writable:
+        raise OutputError(died_message(str(mountpoint), state.pid, state.staging))
 
 
 def _report_unsaved(mountpoint: Path, answer: Path) -> None:

@@ -24,9 +24,9 @@ One job: own the staging folder of one output (`<cache>/staging/<hash>/`):
   in place as `abandoned`, named in the log at each mount, never published:
   a file its writer never closed may be incomplete (a checkpoint cut
   mid-write), and close/fsync are what publish a file.
-- `Leftovers` is what a mount leaves only staged, in those two kinds, for the
-  unmount's message (exit code 4); `journal_leftovers(folder)` reads it from
-  the journal of a daemon that died.
+- `leftovers()` is what a mount leaves only staged, in those two kinds
+  (`staging.Leftovers`, which also holds the journal's format), for the
+  unmount's message (exit code 4).
 
 Threads: any FUSE thread. `_lock` guards the journal and counters; each
 staged file's `lock` serialises its writes, truncates and uploads (reads are
@@ -50,89 +50,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datamount.errors import OutputError
+from datamount.staging import (
+    ABANDONED,
+    CLOSED,
+    FAILED,
+    JOURNAL,
+    OPEN,
+    Leftovers,
+    classify,
+)
 from datamount.storage.base import ObjectStore
 from datamount.transfer.progress import Progress
 from datamount.transfer.upload import BLOCK_SIZE, Uploader, UploadOptions
 
 log = logging.getLogger("datamount.writeback")
 
-JOURNAL = "journal.json"
 LOCK = ".lock"  # flock'd by the daemon that owns the folder; holds its pid
-OPEN, CLOSED, FAILED = "open", "closed", "failed"
-ABANDONED = "abandoned"  # open when a previous daemon died: kept, never uploaded
-
-
-@dataclass(frozen=True)
-class Leftovers:
-    """What a mount leaves only staged, as (blob key, staged file) pairs:
-    `to_upload` (closed, or its upload failed: a new mount of the output with
-    the same cache folder uploads them) and `never_closed` (still open for
-    writing when the mount ended: kept, never uploaded automatically)."""
-
-    to_upload: tuple[tuple[str, str], ...] = ()
-    never_closed: tuple[tuple[str, str], ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.to_upload or self.never_closed)
-
-    def keys(self) -> list[str]:
-        return sorted(k for k, _ in (*self.to_upload, *self.never_closed))
-
-    def to_json(self) -> dict[str, list[list[str]]]:
-        return {"to_upload": [list(e) for e in self.to_upload],
-                "never_closed": [list(e) for e in self.never_closed]}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: dict[str, object]) -> Leftovers:
-        def pairs(name: str) -> tuple[tuple[str, str], ...]:
-            items = data.get(name) or []
-            assert isinstance(items, list)
-            return tuple((str(e[0]), str(e[1])) for e in items if isinstance(e, list) and e[1:])
-
-        old = data.get("unsaved") or []  # an older daemon: blob keys to upload
-        legacy = tuple((str(k), "") for k in old) if isinstance(old, list) else ()
-        return cls(pairs("to_upload") + legacy, pairs("never_closed"))
-
-    def describe(self, staging: str = "") -> str:
-        """One line for the user: what is where, and what happens to it."""
-        parts = []
-        if self.to_upload:
-            where = f"kept in the staging folder {staging}" if staging else "kept in staging"
-            parts.append(
-                f"{len(self.to_upload)} files could not be uploaded ({where}; a new mount of "
-                "this output with the same cache folder uploads them): "
-                + ", ".join(k for k, _ in self.to_upload)
-            )
-        if self.never_closed:
-            parts.append(
-                f"{len(self.never_closed)} files were still open for writing (never closed) "
-                "when the mount ended, so they may be incomplete: NOT uploaded, and not "
-                "uploaded automatically by a later mount; their bytes are kept in: "
-                + ", ".join(f"{k} -> {p}" for k, p in self.never_closed)
-            )
-        return "; ".join(parts)
-
-
-def journal_leftovers(directory: Path) -> Leftovers:
-    """What the journal of a staging folder says is only staged (the daemon
-    that owned it is gone); older `abandoned` files were named before."""
-    try:
-        data = json.loads((directory / JOURNAL).read_text())
-        entries = {str(k): v for k, v in data.get("entries", {}).items() if isinstance(v, dict)}
-    except (OSError, ValueError, AttributeError):
-        return Leftovers()
-    return _classify(directory, entries)
-
-
-def _classify(directory: Path, entries: dict[str, dict[str, str]]) -> Leftovers:
-    to_upload, never_closed = [], []
-    for sid, entry in sorted(entries.items(), key=lambda e: str(e[1].get("key", ""))):
-        pair = (str(entry.get("key", "?")), str(directory / f"{sid}.data"))
-        if entry.get("state") in (CLOSED, FAILED):
-            to_upload.append(pair)
-        elif entry.get("state") == OPEN:
-            never_closed.append(pair)
-    return Leftovers(tuple(to_upload), tuple(never_closed))
 
 
 def _error(code: int, what: str = "") -> OSError:
@@ -456,7 +389,7 @@ class WriteBack:
         """What this mount leaves only staged (not the `abandoned` files of an
         earlier one), by kind."""
         with self._lock:
-            return _classify(self.directory, dict(self._journal))
+            return classify(self.directory, dict(self._journal))
 
     def counters(self) -> dict[str, int]:
         with self._lock:

@@ -23,7 +23,7 @@ chmod, utimens, setxattr, ...) fails with EROFS.
 Threads: FUSE calls in from many threads at once. Handles are independent
 (reads are positional, no shared file position); one lock guards the handle
 tables and counters, never held across a storage request.
-Imports `fs.namespace`, `reader`, `blocks`, `errors`, `writeback` (`Leftovers`).
+Imports `fs.namespace`, `reader`, `blocks`, `errors`, `staging` (`Leftovers`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from datamount.blocks import ObjectId
 from datamount.errors import ObjectNotFound, VersionChanged
 from datamount.fs.namespace import Attrs, Namespace
 from datamount.reader import Reader, ReadHandle
-from datamount.writeback import Leftovers
+from datamount.staging import Leftovers
 
 NS = 1_000_000_000
 FILE_MODE = stat.S_IFREG | 0o444

@@ -60,7 +60,8 @@ from datamount.fs.namespace import Attrs, Namespace, split
 from datamount.fs.ops import NAME_MAX, Opened, ReadOnlyFS, _DirStream, _error
 from datamount.fs.staged import StagedFiles
 from datamount.reader import Reader
-from datamount.writeback import Leftovers, Staged, WriteBack
+from datamount.staging import Leftovers
+from datamount.writeback import Staged, WriteBack
 
 log = logging.getLogger("datamount.fs.writable")
 
