@@ -429,6 +429,36 @@ def test_unmount_of_a_killed_daemon_fails_and_names_what_is_staged(
     assert not mounted(mp)
 
 
+def test_run_with_a_killed_rw_daemon_exits_4_and_registers_nothing(
+    azurite, container, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    """`datamount run` whose rw_mount daemon dies under the command: the
+    output is not a clean unmount, so the asset is not registered."""
+    env = env_for(azurite, tmp_path, container)
+    kill = (
+        "import glob, json, os, signal\n"
+        "for p in glob.glob(os.environ['DATAMOUNT_CACHE_DIR'] + '/mounts/*.json'):\n"
+        "    if not p.endswith('.unsaved.json'):\n"
+        "        os.kill(json.load(open(p))['pid'], signal.SIGKILL)\n"
+    )
+    (tmp_path / "kill.py").write_text(kill)
+    job = tmp_path / "run.yaml"
+    job.write_text(
+        "type: command\nname: killed\n"
+        f"command: echo x > ${{{{outputs.ckpt}}}}/f.txt && python3 {tmp_path / 'kill.py'} && sleep 1\n"
+        "outputs:\n  ckpt: {type: uri_folder, mode: rw_mount, name: ckpt, "
+        "path: 'azureml://datastores/store/paths/out/ckpt/'}\n"
+    )
+    workdir = tmp_path / "work"
+    mp = mounts.point(workdir / "outputs" / "ckpt")
+    out = datamount("run", str(job), "--workdir", str(workdir), env=env)
+    assert out.returncode == 4, out.stderr
+    assert "died before it was unmounted" in out.stderr, out.stderr
+    assert "registered" not in out.stderr
+    assert not (tmp_path / "ws.assets.yaml").exists()
+    assert not mounted(mp)
+
+
 @pytest.fixture
 def small_cache(tmp_path: Path) -> Iterator[Path]:
     """The cache folder on its own 96 MiB tmpfs: free space that other work on
