@@ -379,12 +379,6 @@ class WriteBack:
             self._save()
         return found
 
-    def unsaved(self) -> list[str]:
-        """Blob keys whose staged bytes are not in storage (journal entries)."""
-        with self._lock:
-            entries = self._journal.values()
-            return sorted(e.get("key", "?") for e in entries if e.get("state") != ABANDONED)
-
     def leftovers(self) -> Leftovers:
         """What this mount leaves only staged (not the `abandoned` files of an
         earlier one), by kind."""
