@@ -239,7 +239,8 @@ def datamount_mount(bench: Bench, ds: Dataset) -> Iterator[Server]:
         if done.returncode != 0 or not (pids := daemons(scratch / "cache", mp)):
             last = (done.stderr.strip().splitlines() or ["no daemon found"])[-1]
             raise Failed(f"datamount mount: exit {done.returncode}: {last}")
-        stats = scratch / "logs" / "mount-stats-input.json"
+        # mount-stats-<entry>-<hash of the mount point>.json, written at mount
+        stats = next((scratch / "logs").glob("mount-stats-input-*.json"), None)
         yield Server(min(pids), Path(done.stdout.strip().splitlines()[-1]), stats)
     finally:
         with bc.signals_deferred():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from datamount.mountd import alive, find_mount, is_stale, read_state
+from datamount.mountd import alive, find_mount, is_stale, read_state, stats_path
 
 EXE = str(Path(sys.executable).parent / "datamount")
 CLI_TIMEOUT = 60
@@ -108,8 +108,15 @@ class Mounts:
         assert state is not None, f"no state file for {mountpoint}"
         return state.pid
 
-    def stats(self, name: str = "input") -> dict:
-        return json.loads((self.cache_dir / "logs" / f"mount-stats-{name}.json").read_text())
+    def stats(self, name: str = "input", mountpoint: Path | None = None) -> dict:
+        """The stats file of entry `name`: of the mount at `mountpoint`, or the
+        only one of that name (mount-stats-<name>-<hash of the mount point>.json)."""
+        logs = self.cache_dir / "logs"
+        if mountpoint is not None:
+            return json.loads(stats_path(logs, name, mountpoint).read_text())
+        found = list(logs.glob(f"mount-stats-{name}-*.json"))
+        assert len(found) == 1, f"stats files of {name}: {found}"
+        return json.loads(found[0].read_text())
 
     def cleanup(self) -> list[str]:
         """Detach and kill everything left; returns what had to be cleaned."""

@@ -18,8 +18,10 @@ import pytest
 from datamount.fs.namespace import Namespace
 from datamount.fs.writable import WritableFS
 from datamount.reader import DirectReader
+from datamount.staging import Leftovers, journal_leftovers
 from datamount.storage.base import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, forbidden
+from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
 from datamount.writeback import JOURNAL, WriteBack, WriteBackOptions
 
@@ -162,6 +164,56 @@ def test_mkdir_rmdir_unlink_rename(tmp_path: Path) -> None:
     assert fs.chmod("/t/x", 0o600) == fs.chown("/t/x", 1, 1) == fs.utimens("/t/x", None) == 0
 
 
+def test_backslash_names_are_einval_and_files_show_executable(tmp_path: Path) -> None:
+    store = MemoryStore({"out/f": b"f"})
+    fs = make(store, tmp_path / "s")
+    assert errno_of(fs.create, "/back\\slash", 0o644, W) == errno.EINVAL
+    assert errno_of(fs.mkdir, "/back\\dir", 0o755) == errno.EINVAL
+    assert errno_of(fs.rename, "/f", "/g\\h") == errno.EINVAL
+    assert [o.key for p in store.list_pages("out/") for o in p.objects] == ["out/f"]
+    assert [n for n, _, _ in fs.readdir(fs.opendir("/"), 0) if n not in (".", "..")] == ["f"]
+    # blobs have no mode: files show 0755 (a script written here can run), as do folders
+    write_file(fs, "/run.sh", b"#!/bin/sh\necho hi\n")
+    fs.mkdir("/d", 0o700)
+    assert fs.getattr("/run.sh")["st_mode"] & 0o7777 == 0o755
+    assert fs.getattr("/f")["st_mode"] & 0o7777 == 0o755
+    assert fs.getattr("/d")["st_mode"] & 0o7777 == 0o755
+    assert fs.chmod("/run.sh", 0o600) == 0  # accepted, changes nothing
+    assert fs.getattr("/run.sh")["st_mode"] & 0o7777 == 0o755
+
+
+def test_local_store_folders_are_directories(tmp_path: Path) -> None:
+    """On a local output path a folder is a directory: no marker blobs."""
+    root = tmp_path / "root"
+    store = LocalStore(root)
+    fs = make(store, tmp_path / "s")
+    fs.mkdir("/d2", 0o755)  # the output folder itself did not exist yet
+    assert (root / "out" / "d2").is_dir()
+    assert fs.getattr("/d2")["st_mode"] & 0o040000
+    for p in ("/x", "/x/y", "/x/y/z"):
+        fs.mkdir(p, 0o755)
+    write_file(fs, "/x/y/z/f.txt", b"deep")
+    fs.mkdir("/x/empty", 0o755)
+    fs.rename("/x", "/x2")
+    assert not (root / "out" / "x").exists()
+    assert (root / "out" / "x2" / "y" / "z" / "f.txt").read_bytes() == b"deep"
+    assert (root / "out" / "x2" / "empty").is_dir()  # empty folders move too
+    assert sorted(n for n, _, _ in fs.readdir(fs.opendir("/x2"), 0) if n not in (".", "..")) == [
+        "empty",
+        "y",
+    ]
+    assert errno_of(fs.getattr, "/x/y") == errno.ENOENT
+    write_file(fs, "/a.txt", b"a")
+    fs.rename("/a.txt", "/d2/b.txt")
+    assert (root / "out" / "d2" / "b.txt").read_bytes() == b"a"
+    assert errno_of(fs.rmdir, "/d2") == errno.ENOTEMPTY
+    fs.unlink("/d2/b.txt")
+    fs.rmdir("/d2")
+    fs.rmdir("/x2/empty")
+    assert sorted(os.listdir(root / "out")) == ["x2"]
+    assert sorted(os.listdir(root / "out" / "x2")) == ["y"]
+
+
 def test_rename_and_unlink_of_open_files(tmp_path: Path) -> None:
     store = MemoryStore()
     fs = make(store, tmp_path / "s")
@@ -181,7 +233,7 @@ def test_rename_and_unlink_of_open_files(tmp_path: Path) -> None:
     fs.flush(fh)
     fs.release(fh)
     assert errno_of(store.stat, "out/gone") == errno.ENOENT
-    assert fs.finish_writes(1.0) == []  # nothing pending: it was unlinked
+    assert not fs.finish_writes(1.0)  # nothing pending: it was unlinked
     assert list((tmp_path / "s").glob("*.data")) == []
 
 
@@ -200,13 +252,16 @@ def test_failed_upload_is_eio_kept_in_journal_and_recovered(tmp_path: Path) -> N
     opened = fs.open("/model.pt", os.O_RDONLY)  # still readable from staging
     assert fs.read(opened.fh, 0, 100) == b"weights"
     fs.release(opened.fh)
-    assert fs.finish_writes(1.0) == ["out/model.pt"]
+    left = fs.finish_writes(1.0)
+    assert [k for k, _ in left.to_upload] == ["out/model.pt"] and not left.never_closed
+    assert "a new mount of this output with the same cache folder uploads them" in left.describe()
     fs.close()
+    assert journal_leftovers(tmp_path / "s") == left  # what `unmount` reads after a crash
 
     # the next mount with the same staging folder uploads it
     fs2 = make(inner, tmp_path / "s")
     assert fs2.start_recovery() == 1
-    assert fs2.finish_writes(5.0) == []
+    assert not fs2.finish_writes(5.0)
     assert inner.data("out/model.pt") == b"weights"
     assert fs2.counters()["reuploads"] == 1
     assert json.loads((tmp_path / "s" / JOURNAL).read_text())["entries"] == {}
@@ -231,10 +286,19 @@ def test_open_when_daemon_died_is_kept_not_uploaded(tmp_path: Path) -> None:
     fs = make(store, tmp_path / "s")
     fh = fs.create("/half", 0o644, W).fh
     fs.write("/half", b"half written", 0, fh)
+    # a forced unmount: the file is still open, so it is named as never closed,
+    # where its bytes are, and that no later mount uploads it
+    left = fs.finish_writes(0.5)
+    (staged,) = (tmp_path / "s").glob("*.data")
+    assert left == Leftovers(never_closed=(("out/half", str(staged)),))
+    message = left.describe()
+    assert "never closed" in message and "not uploaded automatically" in message
+    assert f"out/half -> {staged}" in message and "uploads them" not in message
     fs.close()  # the daemon stops with the file open
+    assert journal_leftovers(tmp_path / "s") == left
     fs2 = make(store, tmp_path / "s")
     assert fs2.start_recovery() == 0
-    assert fs2.finish_writes(1.0) == []  # abandoned: named in the log, not pending
+    assert not fs2.finish_writes(1.0)  # abandoned: named in the log, not pending
     assert errno_of(store.stat, "out/half") == errno.ENOENT
     assert [p.read_bytes() for p in (tmp_path / "s").glob("*.data")] == [b"half written"]
 

@@ -7,7 +7,7 @@ Blocks are 64 KiB (DATASET_MOUNT_READ_BLOCK_SIZE) so the data stays small.
 Reads that must reach the daemon use O_DIRECT handles: FUSE then sends the
 exact (offset, size) to the daemon instead of serving the page cache.
 Counters come from the stats file the daemon writes at exit
-(<cache>/logs/mount-stats-input.json). Every mount point goes through the
+(<cache>/logs/mount-stats-input-<hash>.json). Every mount point goes through the
 `mounts` fixture, which detaches and kills whatever a test leaves behind.
 """
 
@@ -92,7 +92,7 @@ def unmount_ok(mounts: Mounts, mp: Path, env: dict[str, str]) -> dict:
     assert out.returncode == 0, out.stderr
     assert not mounted(mp)
     assert wait_for(lambda: not alive(pid)), f"daemon {pid} still running"
-    stats = mounts.stats()
+    stats = mounts.stats("input", mp)
     assert stats["pid"] == pid
     return stats
 

@@ -40,6 +40,19 @@ def test_state_file_round_trip(tmp_path: Path) -> None:
     assert mountd.read_state(tmp_path, Path("/m")) is None
 
 
+def test_state_files_of_other_versions_read(tmp_path: Path) -> None:
+    """Older state files (no mode) read as not rw_mount; unknown keys are skipped."""
+    old = {"pid": 1, "mountpoint": "/m", "spec": "", "input": "input", "uri": "u",
+           "started": 1.0, "stats_file": "/l/s.json"}  # fmt: skip
+    mountd.write_json(mountd.state_file(tmp_path, Path("/m")), old)
+    state = mountd.read_state(tmp_path, Path("/m"))
+    assert state is not None and state.mode == "" and not state.writable
+    newer = {**old, "mode": "rw_mount", "staging": "/c/staging/x", "future": 1}
+    mountd.write_json(mountd.state_file(tmp_path, Path("/m")), newer)
+    state = mountd.read_state(tmp_path, Path("/m"))
+    assert state is not None and state.writable and state.staging == "/c/staging/x"
+
+
 def test_alive_treats_zombies_as_gone() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 10

@@ -205,6 +205,65 @@ def test_names_change_in_storage(
     unmount_ok(mounts, mp, env)
 
 
+def test_backslash_refused_and_scripts_run_from_the_mount(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    for make in (lambda p: p.write_bytes(b"x"), os.mkdir):
+        with pytest.raises(OSError) as caught:
+            make(mp / "back\\slash")
+        assert caught.value.errno == errno.EINVAL
+    (mp / "ok.txt").write_bytes(b"ok")
+    with pytest.raises(OSError) as caught:
+        os.rename(mp / "ok.txt", mp / "a\\b")
+    assert caught.value.errno == errno.EINVAL
+    assert os.listdir(mp) == ["ok.txt"]
+    assert [b.name for b in container.list_blobs()] == ["out/ok.txt"]
+    # a script written to the output runs from it (files show 0755; chmod is ignored)
+    script = mp / "run.sh"
+    script.write_text("#!/bin/sh\necho ran $1\n")
+    os.chmod(script, 0o755)
+    assert os.stat(script).st_mode & 0o7777 == 0o755
+    assert os.stat(mp).st_mode & 0o7777 == 0o755
+    done = subprocess.run([str(script), "here"], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "ran here\n")
+    unmount_ok(mounts, mp, env)
+
+
+def test_local_output_folders_are_directories(
+    azurite, container, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    """rw_mount of a local path: mkdir, mkdir -p, writes below and mv of a
+    folder work as on any directory (no folder marker files)."""
+    target = tmp_path / "x" / "localout"  # does not exist yet
+    spec = tmp_path / "local.yaml"
+    spec.write_text(f"outputs:\n  lo: {{type: uri_folder, path: '{target}/', mode: rw_mount}}\n")
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    out = datamount("mount", str(spec), str(mp), env=env)
+    assert out.returncode == 0, out.stderr
+    os.mkdir(mp / "d2")
+    assert (target / "d2").is_dir() and (mp / "d2").is_dir()
+    done = subprocess.run(["mkdir", "-p", str(mp / "x" / "y" / "z")], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (mp / "x" / "y" / "z" / "f.txt").write_bytes(b"deep")
+    os.mkdir(mp / "x" / "empty")
+    done = subprocess.run(["mv", str(mp / "x"), str(mp / "x2")], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(mp)) == ["d2", "x2"]
+    assert sorted(os.listdir(mp / "x2")) == ["empty", "y"]
+    assert (mp / "x2" / "y" / "z" / "f.txt").read_bytes() == b"deep"
+    assert (target / "x2" / "y" / "z" / "f.txt").read_bytes() == b"deep"
+    assert (target / "x2" / "empty").is_dir() and not (target / "x").exists()
+    os.rmdir(mp / "d2")
+    assert sorted(os.listdir(target)) == ["x2"]
+    unmount_ok(mounts, mp, env)
+
+
 def test_fsync_is_durable_before_close(
     azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
 ) -> None:  # noqa: ANN001
@@ -320,6 +379,84 @@ def test_sigkill_mid_write_then_remount_uploads_closed_files(
     assert "out/c.bin" not in [x.name for x in container.list_blobs()]
     assert [p.read_bytes() for p in staging_dir(mounts).glob("*.data")] == [c]
     assert "was still open for writing" in runtime_log(mounts)
+
+
+def test_unmount_of_a_killed_daemon_fails_and_names_what_is_staged(
+    azurite, container, tmp_path: Path, mounts: Mounts, proxy: FaultProxy
+) -> None:  # noqa: ANN001
+    """kill -9 of an rw_mount daemon: `unmount` clears the stale mount, then
+    exits 4 naming what its staging journal holds (a later mount with the
+    same cache uploads the closed files); with nothing staged it still fails:
+    writes in progress may be lost."""
+    env = env_for(azurite, tmp_path, container, via=proxy)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    (mp / "a.bin").write_bytes(b"a")
+    proxy.deny_writes("out/b.bin")  # closed, but storage refuses it: staged, to upload
+    with pytest.raises(OSError):
+        (mp / "b.bin").write_bytes(b"bbb")
+    writer = os.open(mp / "c.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(writer, b"half")
+    pid = mounts.daemon(mp)
+    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.close(writer)
+    assert wait_for(lambda: not alive(pid))
+    out = datamount("unmount", str(mp), env=env)
+    assert out.returncode == 4, out.stderr
+    assert "cleared a stale mount" not in out.stdout
+    err = out.stderr
+    assert f"daemon (pid {pid}) died" in err and "a.bin" not in err, err
+    assert "out/b.bin" in err and "uploads them" in err, err
+    assert "out/c.bin ->" in err and "never closed" in err, err
+    assert not mounted(mp) and not state_file(mounts.cache_dir, mp).exists()
+    # the next mount with the same cache uploads b (closed), not c (never closed)
+    proxy.allow_writes("out/b.bin")
+    mount_ok(tmp_path, mp, env)
+    assert wait_for(lambda: "out/b.bin" in [x.name for x in container.list_blobs()])
+    unmount_ok(mounts, mp, env)
+    assert sorted(x.name for x in container.list_blobs()) == ["out/a.bin", "out/b.bin"]
+
+    # nothing staged at all: still not a clean unmount
+    mount_ok(tmp_path, mp, env)
+    (mp / "d.bin").write_bytes(b"d")
+    pid = mounts.daemon(mp)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not alive(pid))
+    out = datamount("unmount", str(mp), env=env)
+    assert out.returncode == 4, out.stderr
+    assert "died" in out.stderr and "may be lost" in out.stderr, out.stderr
+    assert not mounted(mp)
+
+
+def test_run_with_a_killed_rw_daemon_exits_4_and_registers_nothing(
+    azurite, container, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    """`datamount run` whose rw_mount daemon dies under the command: the
+    output is not a clean unmount, so the asset is not registered."""
+    env = env_for(azurite, tmp_path, container)
+    kill = (
+        "import glob, json, os, signal\n"
+        "for p in glob.glob(os.environ['DATAMOUNT_CACHE_DIR'] + '/mounts/*.json'):\n"
+        "    if not p.endswith('.unsaved.json'):\n"
+        "        os.kill(json.load(open(p))['pid'], signal.SIGKILL)\n"
+    )
+    (tmp_path / "kill.py").write_text(kill)
+    job = tmp_path / "run.yaml"
+    job.write_text(
+        "type: command\nname: killed\n"
+        f"command: echo x > ${{{{outputs.ckpt}}}}/f.txt && python3 {tmp_path / 'kill.py'} && sleep 1\n"
+        "outputs:\n  ckpt: {type: uri_folder, mode: rw_mount, name: ckpt, "
+        "path: 'azureml://datastores/store/paths/out/ckpt/'}\n"
+    )
+    workdir = tmp_path / "work"
+    mp = mounts.point(workdir / "outputs" / "ckpt")
+    out = datamount("run", str(job), "--workdir", str(workdir), env=env)
+    assert out.returncode == 4, out.stderr
+    assert "died before it was unmounted" in out.stderr, out.stderr
+    assert "registered" not in out.stderr
+    assert not (tmp_path / "ws.assets.yaml").exists()
+    assert not mounted(mp)
 
 
 @pytest.fixture
@@ -462,7 +599,17 @@ def test_unmount_with_a_file_still_open_names_it_and_exits_4(
             os.close(fd)
     assert blob(azure_store, "out/busy.bin") == b"first"
     assert blob(azure_store, "out/done.txt") == b"done"
-    assert [p.read_bytes() for p in staging_dir(mounts).glob("*.data")] == [b"first and more"]
+    (staged,) = staging_dir(mounts).glob("*.data")
+    assert staged.read_bytes() == b"first and more"
+    # The message says what happens: never closed, kept there, not uploaded by a later mount.
+    assert "never closed" in err and "not uploaded automatically" in err, err
+    assert f"out/busy.bin -> {staged}" in err and "uploads them" not in err, err
+    # ... and so it is: the next mount with the same cache leaves it alone.
+    mount_ok(tmp_path, mp, env)
+    unmount_ok(mounts, mp, env)
+    assert blob(azure_store, "out/busy.bin") == b"first"
+    assert staged.read_bytes() == b"first and more"
+    assert "was still open for writing" in runtime_log(mounts)
 
 
 def test_uri_file_output(

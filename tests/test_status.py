@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from datamount.mountd import alive
+from datamount.mountd import alive, read_state
 from fuse_helpers import Mounts, datamount, mount_env, spec_file, tracked_mounts, wait_for
 
 
@@ -61,3 +61,35 @@ def test_status_lists_mounts_and_upload_outputs(
     assert datamount("unmount", str(mp), env=env).returncode == 0
     assert datamount("unmount", str(tmp_path / "res"), env=env).returncode == 0
     assert status(env) == []
+
+
+def test_two_mounts_of_entries_with_the_same_name_keep_their_own_stats(
+    azurite, container, tmp_path: Path, mounts: Mounts
+) -> None:
+    """Every single-shape spec's entry is `input`: the stats file is named
+    after the entry and the mount point, so two mounts never share one."""
+    container.upload_blob("small/a.bin", b"a" * 1000)
+    container.upload_blob("big/b.bin", os.urandom(3 << 20))
+    env = mount_env(azurite, tmp_path, container.container_name)
+    mp_a, mp_b = mounts.point(tmp_path / "a"), mounts.point(tmp_path / "b")
+    for mp, folder in ((mp_a, "small"), (mp_b, "big")):
+        spec = spec_file(
+            tmp_path, folder, "uri_folder", f"azureml://datastores/store/paths/{folder}/"
+        )
+        out = datamount("mount", str(spec), str(mp), env=env)
+        assert out.returncode == 0, out.stderr
+    state_a, state_b = read_state(mounts.cache_dir, mp_a), read_state(mounts.cache_dir, mp_b)
+    assert state_a is not None and state_b is not None
+    assert state_a.stats_file != state_b.stats_file
+    assert mounts.stats("input", mp_a)["mountpoint"] == str(mp_a)
+    assert mounts.stats("input", mp_b)["mountpoint"] == str(mp_b)
+    assert len((mp_b / "b.bin").read_bytes()) == 3 << 20
+
+    def fetched() -> dict[str, int]:
+        return {e["mountpoint"]: e["stats"].get("bytes_fetched", 0) for e in status(env)}
+
+    # written every 5 s: b's numbers show up under b, and a's stay a's own
+    assert wait_for(lambda: fetched()[str(mp_b)] >= 3 << 20, 15)
+    assert fetched()[str(mp_a)] == 0
+    for mp in (mp_a, mp_b):
+        assert datamount("unmount", str(mp), env=env).returncode == 0

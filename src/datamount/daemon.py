@@ -10,8 +10,9 @@ serve a filesystem at a mount point until asked to go, then drain and unmount.
   the loop).
 - rw_mount: once its loop has ended the daemon waits (the rest of the drain
   time) for pending uploads (`fs.finish_writes`); what is still only staged
-  is named in the log and in `<state>.unsaved.json`, and `unmount` then fails
-  with OutputError (exit code 4).
+  (`staging.Leftovers`: closed files to upload, and files never closed,
+  which are not uploaded) is named in the log and in `<state>.unsaved.json`,
+  and `unmount` then fails with OutputError (exit code 4).
 
 Threads: the caller's (main) thread and libfuse's loop thread with its
 workers. Imports `mountd` (mount table, state files, handshake), `errors`,
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from datamount.errors import DataError
 from datamount.log import activity
+from datamount.staging import Leftovers
 
 if TYPE_CHECKING:
     from datamount.fs.fuse_adapter import Adapter
@@ -89,7 +91,7 @@ class MountDaemon:
         self._adapter: Adapter | None = None
         self._thread: threading.Thread | None = None
         self._old_handlers: dict[int, Any] = {}
-        self.unsaved: list[str] = []  # rw_mount: blobs whose writes are only staged
+        self.leftovers = Leftovers()  # rw_mount: what is only staged at the end
 
     @property
     def mountpoint(self) -> Path:
@@ -226,12 +228,13 @@ class MountDaemon:
         answer = unsaved_file(self.config.state_file)
         with contextlib.suppress(OSError):
             write_json(answer, {"pending": True})
-        self.unsaved = self.fs.finish_writes(max(0.0, timeout))
+        self.leftovers = self.fs.finish_writes(max(0.0, timeout))
         try:
-            if self.unsaved:
-                log.error("%s: %d files not uploaded (kept in staging): %s", self.mountpoint,
-                          len(self.unsaved), ", ".join(self.unsaved))  # fmt: skip
-                write_json(answer, {"pending": False, "unsaved": self.unsaved})
+            if self.leftovers:
+                log.error("%s: %s", self.mountpoint,
+                          self.leftovers.describe(self.config.state.staging))  # fmt: skip
+                staging = {"staging": self.config.state.staging}
+                write_json(answer, {"pending": False, **staging, **self.leftovers.to_json()})
             else:
                 answer.unlink(missing_ok=True)
         except OSError as exc:

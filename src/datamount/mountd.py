@@ -16,18 +16,23 @@ unmounting. The daemon itself is `daemon.MountDaemon`.
   and ends the daemon; the daemon sees its loop end, logs its counters and
   exits. An rw_mount daemon that could not upload everything leaves
   `<state>.unsaved.json`: `unmount` then fails with OutputError (exit 4).
+  A stale rw_mount (its daemon died: `MountState.mode`) is cleared, then
+  fails the same way, naming what its staging journal (`MountState.staging`)
+  still holds, or that writes in progress may be lost.
 
-Threads: none. Imports `errors`, `log`.
+Threads: none. Imports `errors`, `log`, `staging` (`Leftovers`, the journal).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -39,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from datamount.errors import DataError, DatamountError, OutputError
+from datamount.staging import Leftovers, died_message
 
 if TYPE_CHECKING:
     pass
@@ -179,11 +185,33 @@ class MountState:
     uri: str
     started: float
     stats_file: str
+    # Added later; state files written before them read as "" (not rw_mount).
+    mode: str = ""  # the entry's mode: "rw_mount" marks a read-write mount
+    staging: str = ""  # rw_mount: its staging folder (journal of what is only staged)
+
+    @property
+    def writable(self) -> bool:
+        return self.mode == "rw_mount"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MountState:
+        """Known fields only: a state file of a newer or older version reads too."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def state_file(cache_dir: Path, mountpoint: Path) -> Path:
     digest = hashlib.sha256(mount_key(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()
     return cache_dir / "mounts" / f"{digest[:16]}.json"
+
+
+def stats_path(log_dir: Path, entry: str, mountpoint: Path) -> Path:
+    """Where the daemon of `mountpoint` writes its counters: named after the
+    entry and a short hash of the mount point, since two mounts may serve
+    entries of the same name (every single-shape spec's is `input`)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", entry) or "input"
+    digest = hashlib.sha256(mount_key(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()
+    return log_dir / f"mount-stats-{safe}-{digest[:8]}.json"
 
 
 def unsaved_file(state: Path) -> Path:
@@ -194,7 +222,7 @@ def unsaved_file(state: Path) -> Path:
 def read_state(cache_dir: Path, mountpoint: Path) -> MountState | None:
     try:
         data = json.loads(state_file(cache_dir, mountpoint).read_text())
-        return MountState(**data)
+        return MountState.from_dict(data)
     except (OSError, ValueError, TypeError):
         return None
 
@@ -347,14 +375,16 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
         fusermount(mountpoint, lazy=True)
         if pid is not None:
             end_process(pid)
-        state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+        _forget(cache_dir, mountpoint)
+        _report_dead_rw(mountpoint, state)
         return "cleared a stale mount"
     entry = find_mount(mountpoint)
     if entry is None:
-        state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+        _forget(cache_dir, mountpoint)
         if pid is not None:
             end_process(pid)
             return "not mounted; stopped its daemon"
+        _report_dead_rw(mountpoint, state)  # a dead daemon's mount detached by someone else
         raise DataError(f"{mountpoint} is not mounted")
     if entry.fstype != FSTYPE:
         raise DataError(f"{mountpoint} is not a datamount mount ({entry.fstype})")
@@ -381,6 +411,21 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
     return how
 
 
+def _forget(cache_dir: Path, mountpoint: Path) -> None:
+    """The daemon is gone: its state file and its answer go too."""
+    state = state_file(cache_dir, mountpoint)
+    state.unlink(missing_ok=True)
+    unsaved_file(state).unlink(missing_ok=True)
+
+
+def _report_dead_rw(mountpoint: Path, state: MountState | None) -> None:
+    """After clearing the mount of a dead rw_mount daemon: OutputError (exit
+    code 4), since it never finished its uploads. Names what its staging
+    journal still holds, or says writes may be lost."""
+    if state is not None and state.writable:
+        raise OutputError(died_message(str(mountpoint), state.pid, state.staging))
+
+
 def _report_unsaved(mountpoint: Path, answer: Path) -> None:
     """OutputError (exit code 4) when the rw_mount daemon left writes only staged."""
     try:
@@ -388,13 +433,11 @@ def _report_unsaved(mountpoint: Path, answer: Path) -> None:
     except (OSError, ValueError):
         return
     answer.unlink(missing_ok=True)
-    if data.get("unsaved"):
-        names = [str(n) for n in data["unsaved"]]
-        raise OutputError(
-            f"{mountpoint}: {len(names)} files could not be uploaded (kept in the staging "
-            f"folder; a new mount of this output with the same cache folder uploads them): "
-            + ", ".join(names)
-        )
+    if not isinstance(data, dict):
+        return
+    left = Leftovers.from_json(data)
+    if left:
+        raise OutputError(f"{mountpoint}: {left.describe(str(data.get('staging', '')))}")
     if data.get("pending"):
         raise OutputError(
             f"{mountpoint}: the mount daemon stopped before its uploads finished (kept in the "

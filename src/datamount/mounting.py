@@ -269,14 +269,13 @@ def _rw_mount(
             recovered = fs.start_recovery()
             if recovered:
                 log.info("re-uploading %d files a previous mount left staged", recovered)
-            daemon = _daemon(ctx, spec, entry, location, fs, stats, mountpoint, retry)
+            daemon = _daemon(
+                ctx, spec, entry, location, fs, stats, mountpoint, retry, staging=staging
+            )
             daemon.start()
         launch.serve(daemon, path)
-        if daemon.unsaved:
-            raise OutputError(
-                f"{label}: {len(daemon.unsaved)} files could not be uploaded (kept in {staging}): "
-                + ", ".join(daemon.unsaved)
-            )
+        if daemon.leftovers:
+            raise OutputError(f"{label}: {daemon.leftovers.describe(str(staging))}")
         return path
 
 
@@ -350,10 +349,14 @@ def _daemon(
     stats: MountStats,
     mountpoint: Path,
     retry: RetryPolicy,
+    *,
+    staging: Path | None = None,
 ) -> MountDaemon:
+    """The daemon of one mount; `staging` is an rw_mount's staging folder,
+    recorded in its state so that `unmount` can name what a dead daemon left."""
     settings = ctx.settings
     name = _safe_name(entry.name)
-    stats_file = settings.log_dir / f"mount-stats-{name}.json"
+    stats_file = mountd.stats_path(settings.log_dir, entry.name, mountpoint)
     uri = location.uri()
     state = mountd.MountState(
         pid=os.getpid(),
@@ -363,6 +366,8 @@ def _daemon(
         uri=uri,
         started=time.time(),
         stats_file=str(stats_file),
+        mode=entry.mode.value,
+        staging=str(staging or ""),
     )
     config = DaemonConfig(
         mountpoint=mountpoint,

@@ -19,9 +19,14 @@ One job: own the staging folder of one output (`<cache>/staging/<hash>/`):
   `closed` (flushed: to upload), `failed` (its upload failed). It is rewritten
   (tmp + rename) on every state change, not on every write. `recover()` reads
   it at the next mount with the same cache folder: `closed` and `failed` files
-  are handed back for upload; `open` ones (their writer never closed them,
-  the daemon died) are left in place as `abandoned`, named in the log at each
-  mount, never published as a half-written blob.
+  are handed back for upload; `open` ones (their writer never closed them:
+  the daemon died, or the unmount was forced while they were open) are left
+  in place as `abandoned`, named in the log at each mount, never published:
+  a file its writer never closed may be incomplete (a checkpoint cut
+  mid-write), and close/fsync are what publish a file.
+- `leftovers()` is what a mount leaves only staged, in those two kinds
+  (`staging.Leftovers`, which also holds the journal's format), for the
+  unmount's message (exit code 4).
 
 Threads: any FUSE thread. `_lock` guards the journal and counters; each
 staged file's `lock` serialises its writes, truncates and uploads (reads are
@@ -45,16 +50,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datamount.errors import OutputError
+from datamount.staging import (
+    ABANDONED,
+    CLOSED,
+    FAILED,
+    JOURNAL,
+    OPEN,
+    Leftovers,
+    classify,
+)
 from datamount.storage.base import ObjectStore
 from datamount.transfer.progress import Progress
 from datamount.transfer.upload import BLOCK_SIZE, Uploader, UploadOptions
 
 log = logging.getLogger("datamount.writeback")
 
-JOURNAL = "journal.json"
 LOCK = ".lock"  # flock'd by the daemon that owns the folder; holds its pid
-OPEN, CLOSED, FAILED = "open", "closed", "failed"
-ABANDONED = "abandoned"  # open when a previous daemon died: kept, never uploaded
 
 
 def _error(code: int, what: str = "") -> OSError:
@@ -368,11 +379,11 @@ class WriteBack:
             self._save()
         return found
 
-    def unsaved(self) -> list[str]:
-        """Blob keys whose staged bytes are not in storage (journal entries)."""
+    def leftovers(self) -> Leftovers:
+        """What this mount leaves only staged (not the `abandoned` files of an
+        earlier one), by kind."""
         with self._lock:
-            entries = self._journal.values()
-            return sorted(e.get("key", "?") for e in entries if e.get("state") != ABANDONED)
+            return classify(self.directory, dict(self._journal))
 
     def counters(self) -> dict[str, int]:
         with self._lock:

@@ -23,7 +23,7 @@ chmod, utimens, setxattr, ...) fails with EROFS.
 Threads: FUSE calls in from many threads at once. Handles are independent
 (reads are positional, no shared file position); one lock guards the handle
 tables and counters, never held across a storage request.
-Imports `fs.namespace`, `reader`, `blocks`, `errors`.
+Imports `fs.namespace`, `reader`, `blocks`, `errors`, `staging` (`Leftovers`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from datamount.blocks import ObjectId
 from datamount.errors import ObjectNotFound, VersionChanged
 from datamount.fs.namespace import Attrs, Namespace
 from datamount.reader import Reader, ReadHandle
+from datamount.staging import Leftovers
 
 NS = 1_000_000_000
 FILE_MODE = stat.S_IFREG | 0o444
@@ -300,10 +301,10 @@ class ReadOnlyFS:
                 self._idle.wait(left)
             return True
 
-    def finish_writes(self, timeout: float) -> list[str]:
-        """At unmount, after the last request: blobs whose writes could not be
-        uploaded (none here: nothing is ever written)."""
-        return []
+    def finish_writes(self, timeout: float) -> Leftovers:
+        """At unmount, after the last request: what could not be uploaded
+        (nothing here: nothing is ever written)."""
+        return Leftovers()
 
     def counters(self) -> dict[str, int]:
         with self._lock:

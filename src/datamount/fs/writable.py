@@ -16,15 +16,20 @@ One job: the write side of the FUSE filesystem, testable without a kernel
   `failed`), retried at unmount and by the next mount with the same cache.
   Once every handle is closed and the blob is in storage, the staged file is
   dropped and reads go back to the read-only path (block cache).
-- Storage is a flat blob namespace: `mkdir` writes a folder marker blob
-  (`dir/`, metadata hdi_isfolder=true: durable, and seen as a folder by every
-  other reader — Azure ML, blobfuse2, Storage Explorer), `rmdir` deletes it
-  (ENOTEMPTY when anything is below), `rename` is copy + delete per blob
-  (a folder: every blob under it) and is not atomic, `unlink` deletes.
+- Folders and moves are `fs.folders`: on blob storage, a flat namespace,
+  `mkdir` writes a folder marker blob (`dir/`, metadata hdi_isfolder=true:
+  durable, and seen as a folder by every other reader — Azure ML, blobfuse2,
+  Storage Explorer), `rmdir` deletes it (ENOTEMPTY when anything is below),
+  `rename` is copy + delete per blob (a folder: every blob under it) and is
+  not atomic; on a local output path a folder is a directory (mkdir, rmdir,
+  rename(2)). `unlink` deletes.
 - A uri_file output (`namespace.file_key`) shows its one name at the root;
   it can be created, written, truncated and deleted, and no other name (EACCES).
 - chmod, chown and utimens are accepted and ignored: blobs have no owner or
-  mode, and their time is the service's last-modified time.
+  mode, and their time is the service's last-modified time. Files show as
+  0755 (a script written to an output can be run), folders 0755.
+- New names (create, mkdir, rename's target) with a backslash are EINVAL:
+  Azure reads it as `/`, so the name would come back as a folder.
 - The namespace's caches are invalidated by every change made here; the
   kernel's own caches follow its dentries.
 
@@ -47,22 +52,23 @@ import stat
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from datamount.errors import ObjectNotFound
+from datamount.fs.folders import Folders, folders_for
 from datamount.fs.namespace import Attrs, Namespace, split
 from datamount.fs.ops import NAME_MAX, Opened, ReadOnlyFS, _DirStream, _error
 from datamount.fs.staged import StagedFiles
 from datamount.reader import Reader
+from datamount.staging import Leftovers
 from datamount.writeback import Staged, WriteBack
 
 log = logging.getLogger("datamount.fs.writable")
 
-RW_FILE_MODE = stat.S_IFREG | 0o644
+# Blobs have no mode: every file shows executable (blobfuse2 shows 0777), so a
+# script a job writes to an output can be run from it; chmod changes nothing.
+RW_FILE_MODE = stat.S_IFREG | 0o755
 RW_DIR_MODE = stat.S_IFDIR | 0o755
-FOLDER_METADATA = {"hdi_isfolder": "true"}  # what ADLS and blobfuse2 mark folders with
-RENAME_THREADS = 8  # copy + delete of a folder's blobs in parallel
 _WRITING = os.O_TRUNC | os.O_APPEND
 
 
@@ -86,9 +92,11 @@ class WritableFS(ReadOnlyFS):
         store_id: str,
         uid: int | None = None,
         gid: int | None = None,
+        folders: Folders | None = None,
     ) -> None:
         super().__init__(namespace, reader, store_id=store_id, uid=uid, gid=gid)
         self.store = namespace.store
+        self.folders = folders if folders is not None else folders_for(self.store)
         self.writeback = writeback
         self.staged = StagedFiles(namespace, reader, writeback, store_id=store_id)
         self._handles: dict[int, _Handle] = {}
@@ -96,6 +104,16 @@ class WritableFS(ReadOnlyFS):
         self._counts.update(writes=0, bytes_written=0, creates=0, mkdirs=0, renames=0, deletes=0)
 
     # -- names -------------------------------------------------------------------
+
+    @staticmethod
+    def _new_name(path: str) -> None:
+        """A name this mount may create: not too long, and no backslash (Azure
+        reads `\\` as `/`, so `a\\b` would come back as the folder `a`)."""
+        name = split(path)[1]
+        if len(name.encode()) > NAME_MAX:
+            raise _error(errno.ENAMETOOLONG, path)
+        if "\\" in name:
+            raise _error(errno.EINVAL, path)
 
     def _only_the_file(self, path: str) -> None:
         """A uri_file mount holds its one name: no other file or folder."""
@@ -226,8 +244,7 @@ class WritableFS(ReadOnlyFS):
 
     def create(self, path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> Opened:
         rel = path.strip("/")
-        if len(split(rel)[1].encode()) > NAME_MAX:
-            raise _error(errno.ENAMETOOLONG, path)
+        self._new_name(path)
         self._only_the_file(path)
         self._parent_dir(path)
         with self.staged.choosing:
@@ -356,15 +373,14 @@ class WritableFS(ReadOnlyFS):
 
     def mkdir(self, path: str, mode: int = 0o755) -> int:
         rel = path.strip("/")
-        if len(split(rel)[1].encode()) > NAME_MAX:
-            raise _error(errno.ENAMETOOLONG, path)
+        self._new_name(path)
         if self._find(path) is not None:
             raise _error(errno.EEXIST, path)
         if self.namespace.file_key is not None:
             raise _error(errno.EACCES, path)
         self._parent_dir(path)
         try:
-            self.store.put(self.staged.key(rel) + "/", b"", metadata=FOLDER_METADATA)
+            self.folders.make(self.staged.key(rel))
         finally:
             self.namespace.invalidate(path)
         with self._lock:
@@ -381,9 +397,7 @@ class WritableFS(ReadOnlyFS):
         if not self._is_empty(path):
             raise _error(errno.ENOTEMPTY, path)
         try:
-            self.store.delete(self.staged.key(rel) + "/")
-        except ObjectNotFound:
-            pass  # a folder with no marker (its last blob went): nothing stored
+            self.folders.remove(self.staged.key(rel))
         finally:
             self.namespace.invalidate_tree(path)
         return 0
@@ -394,6 +408,7 @@ class WritableFS(ReadOnlyFS):
             return 0
         if not o_rel or not n_rel or n_rel.startswith(o_rel + "/"):
             raise _error(errno.EINVAL, old)
+        self._new_name(new)
         self._only_the_file(old)
         self._only_the_file(new)
         source = self._attrs(old)
@@ -424,15 +439,15 @@ class WritableFS(ReadOnlyFS):
                 self.staged.forget(replaced)
             try:
                 if staged is None:
-                    self.store.copy(old_key, new_key)
-                    self.store.delete(old_key)
+                    self.folders.move_file(old_key, new_key)
                     return
                 with staged.lock:  # waits for an upload of it in progress
                     if not staged.dirty:
-                        self.store.copy(old_key, new_key)
+                        self.folders.move_file(old_key, new_key)
+                    else:
+                        with contextlib.suppress(ObjectNotFound):  # never uploaded under it
+                            self.store.delete(old_key)
                     self.writeback.rekey(staged, new_key)
-                    with contextlib.suppress(ObjectNotFound):  # never uploaded under it
-                        self.store.delete(old_key)
                 self.staged.put(staged)
             finally:
                 self.namespace.invalidate("/" + o_rel)
@@ -442,20 +457,11 @@ class WritableFS(ReadOnlyFS):
             self.staged.drop_if_done(staged)
 
     def _rename_dir(self, o_rel: str, n_rel: str) -> None:
-        old_prefix, new_prefix = self.staged.key(o_rel) + "/", self.staged.key(n_rel) + "/"
+        new_prefix = self.staged.key(n_rel) + "/"
         with self.staged.choosing:
             moved = self.staged.pop_below(o_rel)
             try:
-                keys = [
-                    obj.key for page in self.store.list_pages(old_prefix) for obj in page.objects
-                ]
-
-                def move(key: str) -> None:
-                    self.store.copy(key, new_prefix + key[len(old_prefix) :])
-                    self.store.delete(key)
-
-                with ThreadPoolExecutor(RENAME_THREADS, thread_name_prefix="rename") as pool:
-                    list(pool.map(move, keys))
+                self.folders.move_folder(self.staged.key(o_rel), self.staged.key(n_rel))
             finally:
                 for r, staged in moved:
                     with staged.lock:
@@ -463,8 +469,6 @@ class WritableFS(ReadOnlyFS):
                     self.staged.put(staged)
                 self.namespace.invalidate_tree("/" + o_rel)
                 self.namespace.invalidate_tree("/" + n_rel)
-        log.info("renamed folder %s -> %s: %d blobs copied and deleted",
-                 old_prefix, new_prefix, len(keys))  # fmt: skip
 
     # -- metadata that blobs do not have ---------------------------------------------
 
@@ -517,10 +521,12 @@ class WritableFS(ReadOnlyFS):
                 self._idle.wait(left)
             return True
 
-    def finish_writes(self, timeout: float) -> list[str]:
+    def finish_writes(self, timeout: float) -> Leftovers:
         """At unmount: wait for the re-uploads, retry failed uploads once (all
-        within `timeout` s); returns the blob keys whose bytes are still only
-        staged (named in the log; the caller exits with EXIT_OUTPUTS)."""
+        within `timeout` s); returns what is still only staged (named in the
+        log; the caller exits with EXIT_OUTPUTS). A file still open for
+        writing (a forced unmount) is not uploaded: its writer never closed
+        it, so it may be incomplete."""
         deadline = time.monotonic() + timeout
         if self._recovery is not None:
             self._recovery.join(max(0.0, deadline - time.monotonic()))
@@ -536,10 +542,13 @@ class WritableFS(ReadOnlyFS):
             except OSError:
                 continue
             self.staged.drop_if_done(staged)
-        unsaved = self.writeback.unsaved()
-        for key in unsaved:
+        left = self.writeback.leftovers()
+        for key, _ in left.to_upload:
             log.error("not uploaded, kept in staging %s: %s", self.writeback.directory, key)
-        return unsaved
+        for key, path in left.never_closed:
+            log.error("still open for writing at unmount, not uploaded (kept in %s): %s",
+                      path, key)  # fmt: skip
+        return left
 
     def counters(self) -> dict[str, int]:
         counts = super().counters()
