@@ -247,3 +247,16 @@ def test_usage_error_exits_2(env: dict[str, str]) -> None:
     result = run(["frobnicate"], env)
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_start_up_does_not_load_the_tabular_stack() -> None:
+    """MLTable support (numpy, pyarrow, pandas) loads only when an MLTable is
+    evaluated: every command's start-up (and a mount daemon's memory) stays small."""
+    code = (
+        "import sys, datamount.cli; "
+        "print(sorted(m for m in ('numpy', 'pyarrow', 'pandas', 'azure.storage.blob') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from datamount import evalmode, mountd, outputs, registry
+from datamount import mountd, outputs, registry
 from datamount.errors import (
     DataError,
     InvalidInput,
@@ -276,6 +276,8 @@ def eval_download(
     retry = make_retry(settings)
     uri = location.uri()
     with activity("eval_download", source=f"inputs.{entry.name}"):
+        from datamount import evalmode  # MLTable support (numpy, pyarrow): only when used
+
         store = evalmode.evaluated_store(
             location, workspace, lambda loc: make_store(settings, loc, retry)
         )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datamount import evalmode, mountd, outputs
+from datamount import mountd, outputs
 from datamount.app import (
     Context,
     download,
@@ -178,6 +178,8 @@ def _ro_mount(
                 return path
             root: str | None = None
             if store is None:
+                from datamount import evalmode  # numpy, pyarrow: only when used
+
                 store = evalmode.evaluated_store(
                     location, workspace, lambda loc: make_store(settings, loc, retry)
                 )
