@@ -478,7 +478,7 @@ class Downloader:
         with self._error_lock:
             if self._error is None:
                 self._error = exc
-                log.error("download failed: %s", exc)
+                log.error("download failed: %s", exc or type(exc).__name__)
         self._cancel.set()
 
     def _cleanup_failed(self) -> None:

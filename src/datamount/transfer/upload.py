@@ -252,7 +252,7 @@ class Uploader:
         with self._lock:
             if self._error is None:
                 self._error = exc
-                log.error("upload failed: %s", exc)
+                log.error("upload failed: %s", exc or type(exc).__name__)
             self._idle.notify_all()
         self._cancel.set()
 
