@@ -289,8 +289,9 @@ class BlockFetcher:
             return False
         with self._lock:
             for flight in flights:
-                flight.ticket = ticket
-                flight.run = flights
+                if self._flights.get(flight.key) is flight:  # not already done
+                    flight.ticket = ticket
+                    flight.run = flights
             promote = not demand and any(f.urgent for f in flights)
         if promote:  # a demand reader joined before the ticket existed
             ticket.promote()
@@ -387,6 +388,12 @@ class BlockFetcher:
         if self._flights.get(flight.key) is not flight:
             return False
         del self._flights[flight.key]
+        # No reference cycles (flight -> ticket -> job -> flights -> flight, and
+        # flight -> run -> flight): a done flight must be freed by its reference
+        # count, or its future's block waits for the cyclic GC (measured: ~360
+        # MiB of finished 8 MiB runs at once in a cold 1 GiB read).
+        flight.ticket = None
+        flight.run = []
         if flight.prefetch:
             self._ahead -= flight.size
         return True

@@ -10,7 +10,9 @@ Prefetch work is cheap to drop: its queue is bounded (the oldest job is
 dropped when a new one does not fit), a queued job can be cancelled, and a
 queued prefetch job can be promoted to the demand lane when a reader starts
 waiting for it. A job that never runs has its `on_drop` called exactly once,
-outside the pool's lock, so its owner can release what it holds. `close()`
+outside the pool's lock, so its owner can release what it holds. A ticket
+lets go of its job and on_drop once it ran or was dropped (they often refer
+back to it: a cycle would keep their data until the cyclic GC). `close()`
 drops every queued job, lets running ones finish, and joins the workers.
 
 Threads: `threads` daemon workers; `submit`, `Ticket.cancel` and
@@ -202,22 +204,39 @@ class Scheduler:
                 ticket = self._next()
             if ticket is None:
                 return
+            fn = ticket.fn
             try:
-                ticket.fn()
+                fn()
             except BaseException:  # a job owns its errors; never lose a worker
                 log.exception("read job failed")
             finally:
+                del fn
                 with self._cond:
                     ticket.state = _State.DONE
+                    _release(ticket)
                     if ticket.ran_as_prefetch:
                         self._running_prefetch -= 1
                         self._cond.notify()  # a prefetch job may be waiting for this slot
 
 
+def _release(ticket: Ticket) -> None:
+    """A job that ran or was dropped lets go of its callables: they usually
+    reference what refers back to the ticket (a fetcher's flights hold their
+    ticket), and a cycle would keep their data alive until the cyclic GC."""
+    ticket.fn = _nothing
+    ticket.on_drop = None
+
+
+def _nothing() -> None:
+    pass
+
+
 def _run_on_drop(ticket: Ticket) -> None:
-    if ticket.on_drop is None:
+    on_drop = ticket.on_drop
+    _release(ticket)
+    if on_drop is None:
         return
     try:
-        ticket.on_drop()
+        on_drop()
     except BaseException:
         log.exception("dropping a read job failed")
