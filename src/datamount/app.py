@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,34 +229,15 @@ def download(
 ) -> DownloadResult:
     settings = ctx.settings
     tgt = target(ctx, source, name, "input")
-    uri = tgt.location.uri()
     retry = make_retry(settings)
     with activity("download", source=tgt.label):
         store = make_store(settings, tgt.location, retry)
-        try:
-            is_file = tgt.is_file if tgt.is_file is not None else _is_file(store, tgt.location)
-            options = DownloadOptions(
-                threads=settings.downloader_threads,
-                reserved_free_disk_space=settings.reserved_free_disk_space,
-                overwrite=overwrite,
-                fsync=settings.download_fsync,
-                manifest_dir=settings.cache_dir / "manifests",
-            )
-            downloader = Downloader(store, options, progress)
-            result = downloader.download(tgt.location.key, dest, is_file=is_file, source_id=uri)
-        except StorageError as exc:
-            again = exc.transient or exc.exhausted
-            raise DataError(f"download of {uri} failed: {exc}", transient=again) from None
-        finally:
-            store.close()
-        log.info(
-            "downloaded %s -> %s: %d files, %d bytes in %.2f s (%.1f MB/s), %d skipped "
-            "(%d bytes, already complete), %d threads, %d retries, %d restarts",
-            uri, result.path, result.files, result.bytes, result.seconds,
-            result.bytes / max(result.seconds, 1e-9) / 1e6, result.skipped_files,
-            result.skipped_bytes, options.threads, retry.stats.retries, result.restarts,
-        )  # fmt: skip
-        return result
+
+        def is_file() -> bool:
+            return tgt.is_file if tgt.is_file is not None else _is_file(store, tgt.location)
+
+        return _download(ctx, store, tgt.location, is_file, dest, "download", retry,
+                         overwrite=overwrite, progress=progress)  # fmt: skip
 
 
 def eval_download(
@@ -274,34 +255,59 @@ def eval_download(
     workspace = ctx.load_workspace(required=False) or Workspace.empty()
     location = resolve_entry(spec, entry, workspace)
     retry = make_retry(settings)
-    uri = location.uri()
     with activity("eval_download", source=f"inputs.{entry.name}"):
         from datamount import evalmode  # MLTable support (numpy, pyarrow): only when used
 
         store = evalmode.evaluated_store(
             location, workspace, lambda loc: make_store(settings, loc, retry)
         )
-        try:
-            options = DownloadOptions(
-                threads=settings.downloader_threads,
-                reserved_free_disk_space=settings.reserved_free_disk_space,
-                overwrite=overwrite,
-                fsync=settings.download_fsync,
-                manifest_dir=settings.cache_dir / "manifests",
-            )
-            downloader = Downloader(store, options, progress)
-            result = downloader.download("", dest, is_file=False, source_id=f"eval:{uri}")
-        except StorageError as exc:
-            again = exc.transient or exc.exhausted
-            raise DataError(f"eval_download of {uri} failed: {exc}", transient=again) from None
-        finally:
-            store.close()
-        log.info(
-            "eval_download %s -> %s: %d files, %d bytes in %.2f s, %d skipped, %d retries",
-            uri, dest, result.files, result.bytes, result.seconds, result.skipped_files,
-            retry.stats.retries,
-        )  # fmt: skip
-        return result
+        return _download(ctx, store, location, lambda: False, dest, "eval_download", retry,
+                         overwrite=overwrite, progress=progress)  # fmt: skip
+
+
+def _download(
+    ctx: Context,
+    store: ObjectStore,
+    location: StorageLocation,
+    is_file: Callable[[], bool],
+    dest: Path,
+    what: str,
+    retry: RetryPolicy,
+    *,
+    overwrite: bool,
+    progress: Progress | None,
+) -> DownloadResult:
+    """Run the Downloader over `store` (closed at the end): `location.key`
+    of a plain download, the whole store of an evaluated MLTable."""
+    settings = ctx.settings
+    uri = location.uri()
+    evaluated = what == "eval_download"
+    try:
+        options = DownloadOptions(
+            threads=settings.downloader_threads,
+            reserved_free_disk_space=settings.reserved_free_disk_space,
+            overwrite=overwrite,
+            fsync=settings.download_fsync,
+            manifest_dir=settings.cache_dir / "manifests",
+        )
+        downloader = Downloader(store, options, progress)
+        key = "" if evaluated else location.key
+        source_id = f"eval:{uri}" if evaluated else uri
+        result = downloader.download(key, dest, is_file=is_file(), source_id=source_id)
+    except StorageError as exc:
+        again = exc.transient or exc.exhausted
+        raise DataError(f"{what} of {uri} failed: {exc}", transient=again) from None
+    finally:
+        store.close()
+    log.info(
+        "downloaded %s%s -> %s: %d files, %d bytes in %.2f s (%.1f MB/s), %d skipped "
+        "(%d bytes, already complete), %d threads, %d retries, %d restarts",
+        "the evaluated MLTable " if evaluated else "", uri, result.path, result.files,
+        result.bytes, result.seconds,
+        result.bytes / max(result.seconds, 1e-9) / 1e6, result.skipped_files,
+        result.skipped_bytes, options.threads, retry.stats.retries, result.restarts,
+    )  # fmt: skip
+    return result
 
 
 def upload(
