@@ -357,7 +357,7 @@ def _run_job(args: argparse.Namespace) -> int:
                 ctx, Path(args.job), mountpoint, entry.name
             ),
         )  # fmt: skip
-        return job.run().exit_code
+        return job.run()
 
     code = _guarded("run", settings, body)
     keep_logs = code != EXIT_OK and temporary and not args.keep

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -67,13 +67,6 @@ class Prepared:
     entry: DataInput
     value: str  # the path (or URI for direct) substituted in the command
     mountpoint: Path | None = None  # a FUSE mount or an upload folder to finish
-
-
-@dataclass
-class Outcome:
-    exit_code: int
-    command_code: int | None  # None: the command never ran
-    problems: list[str] = field(default_factory=list)
 
 
 def check(ctx: app.Context, spec: JobSpec) -> None:
@@ -193,14 +186,16 @@ class JobRun:
 
     # -- the whole run -----------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self) -> int:
+        """The whole run; returns its exit code (the command's own, or
+        EXIT_DATA / EXIT_OUTPUTS)."""
         with activity("run", job=self.spec.name, workdir=self.workdir), self._signals():
             try:
                 self._prepare_all()
             except DatamountError as exc:
                 self._undo()
                 self.say(f"data could not be prepared: {exc}")
-                return Outcome(EXIT_DATA, None, [str(exc)])
+                return EXIT_DATA
             except BaseException:  # interrupted: nothing prepared may outlive the run
                 self._undo()
                 raise
@@ -220,8 +215,8 @@ class JobRun:
             if problems:
                 for line in problems:
                     self.say(f"outputs could not be written: {line}")
-                return Outcome(code if code != EXIT_OK else EXIT_OUTPUTS, code, problems)
-            return Outcome(code, code)
+                return code if code != EXIT_OK else EXIT_OUTPUTS
+            return code
 
     def _child_ok(self) -> bool:
         return self._child is not None and self._child.returncode == 0
