@@ -85,6 +85,13 @@ def expected_tree(first: str, other: str) -> dict[str, bytes]:
     }
 
 
+def eval_spec(tmp_path: Path, mode: str, path: str) -> Path:
+    """A one-input spec: the MLTable under datastore `main` at `path`, in `mode`."""
+    spec = tmp_path / "in.yaml"
+    spec.write_text(f"type: mltable\nmode: {mode}\npath: azureml://datastores/main/paths/{path}\n")
+    return spec
+
+
 def tree(root: Path) -> dict[str, bytes]:
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
@@ -98,10 +105,7 @@ def test_eval_download_lays_out_both_accounts(
 ) -> None:
     first, other = two_containers
     env = env_for(two_accounts, tmp_path, first)
-    spec = tmp_path / "in.yaml"
-    spec.write_text(
-        "type: mltable\nmode: eval_download\npath: azureml://datastores/main/paths/t/\n"
-    )
+    spec = eval_spec(tmp_path, "eval_download", "t/")
     dest = tmp_path / "dest"
     out = datamount("mount", str(spec), str(dest), env=env)
     assert out.returncode == 0, out.stderr
@@ -125,10 +129,7 @@ def test_eval_download_of_a_missing_mltable_is_one_clear_error(
 ) -> None:
     first, _ = two_containers
     env = env_for(two_accounts, tmp_path, first)
-    spec = tmp_path / "in.yaml"
-    spec.write_text(
-        "type: mltable\nmode: eval_download\npath: azureml://datastores/main/paths/no/\n"
-    )
+    spec = eval_spec(tmp_path, "eval_download", "no/")
     out = datamount("mount", str(spec), str(tmp_path / "dest"), env=env)
     assert out.returncode == 3
     assert out.stderr.count("\n") == 1 and "no MLTable file there" in out.stderr
@@ -167,8 +168,7 @@ def test_eval_mount_shows_exactly_the_evaluated_files(
 ) -> None:
     first, other = two_containers
     env = env_for(two_accounts, tmp_path, first)
-    spec = tmp_path / "in.yaml"
-    spec.write_text("type: mltable\nmode: eval_mount\npath: azureml://datastores/main/paths/t/\n")
+    spec = eval_spec(tmp_path, "eval_mount", "t/")
     mp = mounts.point(tmp_path / "mnt")
     out = datamount("mount", str(spec), str(mp), env=env)
     assert out.returncode == 0, out.stderr
@@ -199,8 +199,7 @@ def test_eval_mount_of_a_missing_mltable_fails_before_mounting(
 ) -> None:
     first, _ = two_containers
     env = env_for(two_accounts, tmp_path, first)
-    spec = tmp_path / "in.yaml"
-    spec.write_text("type: mltable\nmode: eval_mount\npath: azureml://datastores/main/paths/no/\n")
+    spec = eval_spec(tmp_path, "eval_mount", "no/")
     mp = mounts.point(tmp_path / "mnt")
     out = datamount("mount", str(spec), str(mp), env=env)
     assert out.returncode == 3

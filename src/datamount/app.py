@@ -236,8 +236,9 @@ def download(
         def is_file() -> bool:
             return tgt.is_file if tgt.is_file is not None else _is_file(store, tgt.location)
 
-        return _download(ctx, store, tgt.location, is_file, dest, "download", retry,
-                         overwrite=overwrite, progress=progress)  # fmt: skip
+        uri = tgt.location.uri()
+        return _download(ctx, store, tgt.location.key, is_file, dest, retry, uri=uri,
+                         source_id=uri, overwrite=overwrite, progress=progress)  # fmt: skip
 
 
 def eval_download(
@@ -261,27 +262,28 @@ def eval_download(
         store = evalmode.evaluated_store(
             location, workspace, lambda loc: make_store(settings, loc, retry)
         )
-        return _download(ctx, store, location, lambda: False, dest, "eval_download", retry,
-                         overwrite=overwrite, progress=progress)  # fmt: skip
+        uri = location.uri()  # the whole store is the evaluated MLTable's layout
+        return _download(ctx, store, "", lambda: False, dest, retry, uri=uri,
+                         source_id=f"eval:{uri}", overwrite=overwrite,
+                         progress=progress)  # fmt: skip
 
 
 def _download(
     ctx: Context,
     store: ObjectStore,
-    location: StorageLocation,
+    key: str,
     is_file: Callable[[], bool],
     dest: Path,
-    what: str,
     retry: RetryPolicy,
     *,
+    uri: str,
+    source_id: str,
     overwrite: bool,
     progress: Progress | None,
 ) -> DownloadResult:
-    """Run the Downloader over `store` (closed at the end): `location.key`
-    of a plain download, the whole store of an evaluated MLTable."""
+    """Run the Downloader over `key` of `store` (closed at the end); `uri`
+    names the source in errors and logs, `source_id` in the resume manifest."""
     settings = ctx.settings
-    uri = location.uri()
-    evaluated = what == "eval_download"
     try:
         options = DownloadOptions(
             threads=settings.downloader_threads,
@@ -291,19 +293,16 @@ def _download(
             manifest_dir=settings.cache_dir / "manifests",
         )
         downloader = Downloader(store, options, progress)
-        key = "" if evaluated else location.key
-        source_id = f"eval:{uri}" if evaluated else uri
         result = downloader.download(key, dest, is_file=is_file(), source_id=source_id)
     except StorageError as exc:
         again = exc.transient or exc.exhausted
-        raise DataError(f"{what} of {uri} failed: {exc}", transient=again) from None
+        raise DataError(f"download of {uri} failed: {exc}", transient=again) from None
     finally:
         store.close()
     log.info(
-        "downloaded %s%s -> %s: %d files, %d bytes in %.2f s (%.1f MB/s), %d skipped "
+        "downloaded %s -> %s: %d files, %d bytes in %.2f s (%.1f MB/s), %d skipped "
         "(%d bytes, already complete), %d threads, %d retries, %d restarts",
-        "the evaluated MLTable " if evaluated else "", uri, result.path, result.files,
-        result.bytes, result.seconds,
+        source_id, result.path, result.files, result.bytes, result.seconds,
         result.bytes / max(result.seconds, 1e-9) / 1e6, result.skipped_files,
         result.skipped_bytes, options.threads, retry.stats.retries, result.restarts,
     )  # fmt: skip
