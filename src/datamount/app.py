@@ -15,8 +15,9 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from datamount import mountd, outputs, registry
+from datamount import registry
 from datamount.errors import (
     DataError,
     InvalidInput,
@@ -34,9 +35,12 @@ from datamount.spec import DataInput, DataType, JobSpec, load_spec
 from datamount.storage import ObjectStore, open_store
 from datamount.transfer.download import Downloader, DownloadOptions, DownloadResult
 from datamount.transfer.progress import Progress
-from datamount.transfer.upload import Uploader, UploadOptions, UploadResult
 from datamount.uris import LocationKind, parse
 from datamount.workspace import Workspace, find_workspace
+
+if TYPE_CHECKING:  # imported where used: `download` starts faster without them
+    from datamount import outputs
+    from datamount.transfer.upload import UploadResult
 
 log = logging.getLogger("datamount.app")
 
@@ -330,6 +334,8 @@ def upload(
         if tgt.is_file is False and key:
             key = key.rstrip("/") + "/"
         try:
+            from datamount.transfer.upload import Uploader, UploadOptions
+
             options = UploadOptions(threads=settings.downloader_threads, overwrite=overwrite)
             result = Uploader(store, options, progress).upload(src, key)
         except StorageError as exc:
@@ -351,6 +357,8 @@ def upload(
 
 def prepare_upload_output(ctx: Context, spec: JobSpec, entry: DataInput, folder: Path) -> Path:
     """An upload output: an empty local folder now, uploaded at `unmount`."""
+    from datamount import mountd, outputs
+
     if entry.direction != "output":
         raise SpecError(f"inputs.{entry.name}: upload is an output mode")
     if spec.source is None:
@@ -396,6 +404,8 @@ def finish_upload_output(
 ) -> str:
     """Upload what the job wrote, register the asset (unless `register` is
     False), empty the local folder."""
+    from datamount import outputs
+
     if record.workspace and not ctx.workspace_flag:
         ctx = dataclasses.replace(ctx, workspace_flag=record.workspace)
     ctx = dataclasses.replace(ctx, run_name=record.run_name)

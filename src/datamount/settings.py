@@ -24,9 +24,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from datamount.errors import SettingsError
 
@@ -168,11 +175,11 @@ def default_cache_dir(environ: Mapping[str, str]) -> Path:
     return Path("/tmp/datamount-cache")
 
 
-class Settings(BaseSettings):
+class Settings(BaseModel):
     """Every knob of the runtime. Field names are snake_case; each is aliased to
     its environment variable. Sizes are bytes."""
 
-    model_config = SettingsConfigDict(populate_by_name=True, frozen=True, extra="ignore")
+    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="ignore")
 
     downloader_threads: Threads = Field(
         default_factory=lambda: _cores() * 4, alias="RSLEX_DOWNLOADER_THREADS"
@@ -213,18 +220,6 @@ class Settings(BaseSettings):
     # None: the CLI uses ./configs/workspace.yaml
     workspace: Path | None = Field(None, alias="DATAMOUNT_WORKSPACE")
     log_level: LogLevel = Field("INFO", alias="DATAMOUNT_LOG_LEVEL")
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Only explicit arguments: from_env() hands the environment in, nothing ambient.
-        return (init_settings,)
 
     @model_validator(mode="before")
     @classmethod
