@@ -45,6 +45,11 @@ RUSAGE = Path(__file__).with_name("_rusage.py")
 class BenchAzurite(Azurite):
     """The test harness's in-memory Azurite, plus its memory use (it holds every blob in RAM)."""
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the Azurite node process so far (0 if not running)."""
+        proc = self._proc
+        return 0.0 if proc is None else proc_cpu(proc.pid)
+
     def memory_mib(self) -> tuple[float, float]:
         """(current RSS, peak RSS) of the Azurite node process in MiB; (0, 0) if not running."""
         proc = self._proc
@@ -227,6 +232,7 @@ class Run:
     ok: bool
     note: str = ""
     stdout: str = ""
+    server_cpu: float | None = None  # Azurite's CPU seconds during the run, where measured
 
 
 def _die_with_parent() -> None:
@@ -281,25 +287,37 @@ def best_of(runs: list[Run]) -> Run | None:
     if not runs or not all(r.ok for r in runs):
         return None
     best = min(runs, key=lambda r: r.seconds)
-    return Run(best.seconds, best.cpu, max(r.rss_mib for r in runs), True, best.note)
+    rss = max(r.rss_mib for r in runs)
+    return Run(best.seconds, best.cpu, rss, True, best.note, server_cpu=best.server_cpu)
 
 
 # -- reporting ------------------------------------------------------------------
 
 
 def print_table(title: str, total: int, rows: Sequence[tuple[str, Run | None, str]]) -> None:
-    """One table: contender, seconds, MB/s, CPU s, peak RSS MiB, and a note
-    (rows whose run is None failed; the note says why)."""
+    """One table: contender, seconds, MB/s, CPU s, peak RSS MiB, Azurite's CPU s
+    during the run (when measured: whether the server was the bottleneck), and a
+    note (rows whose run is None failed; the note says why)."""
+    server = any(run is not None and run.server_cpu is not None for _, run, _ in rows)
+    srv_head = f" {'Azurite CPU s':>13}" if server else ""
     print(f"  {title}")
-    print(f"  {'contender':<10} {'seconds':>8} {'MB/s':>8} {'CPU s':>7} {'RSS MiB':>8}  check")
+    print(
+        f"  {'contender':<10} {'seconds':>8} {'MB/s':>8} {'CPU s':>7} {'RSS MiB':>8}"
+        f"{srv_head}  check"
+    )
     for name, run, note in rows:
         note = note if len(note) <= 100 else note[:97] + "..."
         if run is None:
-            print(f"  {name:<10} {'-':>8} {'-':>8} {'-':>7} {'-':>8}  {note}")
+            srv = f" {'-':>13}" if server else ""
+            print(f"  {name:<10} {'-':>8} {'-':>8} {'-':>7} {'-':>8}{srv}  {note}")
             continue
         rate = total / run.seconds / MB
+        srv = ""
+        if server:
+            srv = f" {'-':>13}" if run.server_cpu is None else f" {run.server_cpu:13.2f}"
         print(
-            f"  {name:<10} {run.seconds:8.2f} {rate:8.1f} {run.cpu:7.2f} {run.rss_mib:8.1f}  {note}"
+            f"  {name:<10} {run.seconds:8.2f} {rate:8.1f} {run.cpu:7.2f} {run.rss_mib:8.1f}"
+            f"{srv}  {note}"
         )
 
 

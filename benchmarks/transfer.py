@@ -34,6 +34,7 @@ benchmark helpers and the SDK (for SAS tokens), never datamount.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -179,24 +180,35 @@ def contest(
     bench: Bench, label: str, names: tuple[str, ...], attempt: Attempt, total: int
 ) -> dict[str, Run | None]:
     """Run each contender `repeat` times, round-robin so drift hits all alike, each in a
-    fresh scratch folder dropped afterwards; a contender that fails once is out.
-    Prints the table; returns each contender's best run (None: failed)."""
+    fresh scratch folder; a contender that fails once is out. Prints the table;
+    returns each contender's best run (None: failed).
+
+    The scratch folders are dropped only after the last run of the dataset, not after
+    each run: on an ext4 without a journal (this VM's root) the inode allocator skips
+    every inode freed in the last 60-360 s (ext4's `recently_deleted`), so a run that
+    creates 2,000 files right after another contender's 2,000 were deleted pays for
+    that deletion (perf: `find_inode_bit` + `recently_deleted` + `find_get_block` were
+    ~40% of such a datamount run's CPU; its kernel CPU went from 0.4 s on a fresh
+    filesystem to 1.5-2.6 s)."""
     runs: dict[str, list[Run]] = {name: [] for name in names}
     failed: dict[str, tuple[str, Run]] = {}
-    for rep in range(bench.repeat):
-        for name in names:
-            if name in failed:
-                continue
-            scratch = bench.scratch(f"{label.replace(' ', '-')}-{name}")
-            try:
+    scratches: list[Path] = []
+    try:
+        for rep in range(bench.repeat):
+            for name in names:
+                if name in failed:
+                    continue
+                scratch = bench.scratch(f"{label.replace(' ', '-')}-{name}")
+                scratches.append(scratch)
                 os.sync()  # the previous run's dirty pages are not this run's cost
                 run, problems = attempt(name, rep, scratch)
-            finally:
-                bench.drop(scratch)
-            if why := record(bench, label, name, rep, run, problems):
-                failed[name] = (why, run)
-            else:
-                runs[name].append(run)
+                if why := record(bench, label, name, rep, run, problems):
+                    failed[name] = (why, run)
+                else:
+                    runs[name].append(run)
+    finally:
+        for scratch in scratches:
+            bench.drop(scratch)
     best = {name: None if name in failed else best_of(runs[name]) for name in names}
     rows = []
     for name in names:  # a run that finished but failed its check still shows its figures
@@ -207,6 +219,15 @@ def contest(
     return best
 
 
+def measured(azurite: BenchAzurite, argv: list[str], env: dict[str, str], timeout: float) -> Run:
+    """measure(), plus the CPU seconds Azurite spent meanwhile: a server near one
+    core per wall second (Node serves requests on one thread, with GC and I/O
+    threads beside it) is the bottleneck, whichever client drives it."""
+    before = azurite.cpu_seconds()
+    run = measure(argv, env, timeout)
+    return dataclasses.replace(run, server_cpu=azurite.cpu_seconds() - before)
+
+
 def bench_download(bench: Bench, azurite: BenchAzurite, ws: Path, ds: Dataset) -> None:
     """Every download contender on `ds`, then the ratios and targets."""
 
@@ -214,7 +235,7 @@ def bench_download(bench: Bench, azurite: BenchAzurite, ws: Path, ds: Dataset) -
         dest = scratch / "dest"
         dest.mkdir()
         argv = download_argv(name, ds, azurite, ws, dest)
-        run = measure(argv, contender_env(azurite, scratch), timeout_for(ds))
+        run = measured(azurite, argv, contender_env(azurite, scratch), timeout_for(ds))
         return run, check_download(bench, name, run, ds, dest) if run.ok else []
 
     print(f"\ndownload {ds.name}: {ds.describe()}")
@@ -242,7 +263,7 @@ def bench_upload(bench: Bench, ds: Dataset) -> None:
                 argv = [DATAMOUNT, "upload", src, uri, "--workspace", str(ws)]
             else:
                 argv = [PYTHON, WORKERS, "sdk-upload", src, STORE, prefix]
-            run = measure(argv, contender_env(azurite, scratch), timeout_for(ds))
+            run = measured(azurite, argv, contender_env(azurite, scratch), timeout_for(ds))
             return run, verify_listing(container, prefix, ds) if run.ok else []
         finally:
             azurite.stop()
