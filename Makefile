@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench clean system-deps
+.PHONY: setup test lint demo bench bench-deps clean system-deps
 
 setup: system-deps $(STAMP) $(NODE_STAMP)
 
@@ -31,6 +31,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
+# The mount benchmark's baseline, fsspec's own FUSE, needs fusepy on libfuse2.
+bench-deps: setup
+	@ldconfig -p | grep -q 'libfuse\.so\.2 ' || { \
+		echo "installing system packages: libfuse2"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			$$SUDO apt-get install -y -qq libfuse2t64 2>/dev/null || \
+			$$SUDO apt-get install -y -qq libfuse2; }
+	$(BIN)/pip install -q -e '.[test,bench]'
+
 $(NODE_STAMP): package.json
 	npm install --no-audit --no-fund --loglevel=error
 	touch $@
@@ -46,7 +56,7 @@ lint: setup
 demo: setup
 	$(BIN)/python scripts/demo.py
 
-bench: setup
+bench: setup bench-deps
 	$(BIN)/python benchmarks/transfer.py
 	$(BIN)/python benchmarks/mount.py
 
