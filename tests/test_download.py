@@ -268,6 +268,30 @@ def test_unsafe_names_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "escape.bin").exists()
 
 
+def test_two_objects_landing_at_one_path_never_race(
+    azurite,
+    container,
+    azure_store,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,  # noqa: ANN001
+) -> None:
+    """'a//b' collapses to 'a/b': with a real 'a/b' beside it, the first listed
+    wins, the other is skipped with a warning naming it, and the rest lands.
+    (It was two jobs racing for one .part: an unexpected FileNotFoundError.)"""
+    blobs = {"d/a//b": b"double", "d/a/b": b"single", "d/a/c": b"c", "d/x//y": b"lone"}
+    for name, body in blobs.items():
+        container.upload_blob(name, body)
+    result = Downloader(azure_store, options()).download(
+        "d/", tmp_path / "o", is_file=False, source_id="t"
+    )
+    out = tmp_path / "o"
+    assert (out / "a/b").read_bytes() == b"double"  # 'd/a//b' sorts first
+    assert (out / "a/c").read_bytes() == b"c"
+    assert (out / "x/y").read_bytes() == b"lone"  # alone, a doubled slash just collapses
+    assert result.files == 3 and no_parts(out)
+    assert "d/a/b: skipped: another object already lands at" in caplog.text
+
+
 def test_memory_is_bounded_by_threads_not_data(tmp_path: Path) -> None:
     """Buffers are per worker thread: 20 files × 8 ranges reuse `threads` buffers."""
     blobs = {f"f{i}.bin": data(8 * RANGE) for i in range(20)}

@@ -12,6 +12,9 @@ final name.
 - Every range is pinned to the etag seen at listing time; a blob changed
   mid-download restarts that file from its new version (never stitched).
 - Completed files are recorded in a manifest in DEST; a re-run skips them.
+- Two objects that land at one local path ('a//b' and 'a/b': doubled slashes
+  collapse) never race for it: the first listed is downloaded, the other is
+  skipped with a warning naming it.
 - Memory: one reusable buffer of `range_size` per worker thread, plus at most
   `2 × threads` queued range tasks — never proportional to the data.
 
@@ -120,6 +123,9 @@ class Downloader:
         self._jobs_lock = threading.Lock()
         self._idle = threading.Condition(self._jobs_lock)
         self._made_dirs: set[Path] = set()
+        # Every local path planned: two objects never race for one file. Like the
+        # manifest, a few dozen bytes per file: metadata, not data.
+        self._landing: set[str] = set()
         self._group: list[_Job] = []  # complete files waiting for their group commit
         self._group_lock = threading.Lock()
         self._commit_lock = threading.Lock()
@@ -206,6 +212,13 @@ class Downloader:
             final = dest / src.rel
             if src.rel == MANIFEST_NAME:
                 raise DatamountError(f"{src.key}: collides with datamount's manifest name")
+            if src.rel in self._landing:  # 'a//b' and 'a/b': one local path, two objects
+                log.warning(
+                    "%s: skipped: another object already lands at %s (names that differ "
+                    "only in doubled slashes)", src.key, final,
+                )  # fmt: skip
+                continue
+            self._landing.add(src.rel)
             self.progress.planned(1, src.size)
             if not self.options.overwrite and manifest.is_complete(
                 src.rel, src.size, src.etag, final
