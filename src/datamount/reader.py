@@ -27,6 +27,8 @@ from __future__ import annotations
 import errno
 import threading
 from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 from datamount.blocks import BlockKey, ObjectId, block_count, blocks_for
@@ -94,28 +96,46 @@ class BlockHandle:
         self._closed = False
 
     def read(self, offset: int, size: int) -> bytes:
+        parts = list(self._parts(offset, size))
+        if len(parts) == 1:
+            data, lo, hi = parts[0]
+            return data if lo == 0 and hi == len(data) else data[lo:hi]
+        return b"".join(memoryview(data)[lo:hi] for data, lo, hi in parts)
+
+    def read_into(self, offset: int, view: memoryview) -> int:
+        """Like read, into `view` (the FUSE request's own buffer): each block's
+        bytes are copied straight in, with no bytes object of the read's size."""
+        pos = 0
+        for data, lo, hi in self._parts(offset, len(view)):
+            view[pos : pos + hi - lo] = memoryview(data)[lo:hi]
+            pos += hi - lo
+        return pos
+
+    def _parts(self, offset: int, size: int) -> Iterator[tuple[bytes, int, int]]:
+        """(block bytes, start, end) of each block the read covers, in order;
+        every fetch and prefetch is scheduled before the first is awaited."""
         if offset < 0 or size < 0:
             raise OSError(errno.EINVAL, f"invalid read: offset={offset} size={size}")
         if self._closed:
             raise OSError(errno.EBADF, f"{self.obj.key}: read after close")
         blocks = blocks_for(offset, size, self.obj.size, self.block_size)
         if not blocks:
-            return b""
+            return iter(())
         # Demand first: these fetches are queued before the prefetches below.
         futures = [self.fetcher.start(BlockKey(self.obj, i)) for i in blocks]
         with self._lock:
             ahead = self._policy.on_read(blocks[0], blocks[-1])
         self._prefetch(ahead)
         end = offset + min(size, self.obj.size - offset)
-        parts = []
+        return self._slices(blocks, futures, offset, end)
+
+    def _slices(
+        self, blocks: Sequence[int], futures: list[Future[bytes]], offset: int, end: int
+    ) -> Iterator[tuple[bytes, int, int]]:
         for index, future in zip(blocks, futures, strict=True):
             data = future.result()
             base = index * self.block_size
-            lo, hi = max(offset, base) - base, min(end, base + len(data)) - base
-            if len(blocks) == 1:
-                return data if lo == 0 and hi == len(data) else data[lo:hi]
-            parts.append(memoryview(data)[lo:hi])
-        return b"".join(parts)  # the one copy of a read that spans blocks
+            yield data, max(offset, base) - base, min(end, base + len(data)) - base
 
     def _prefetch(self, ahead: list[int]) -> None:
         if not ahead:

@@ -181,6 +181,10 @@ class Adapter(mfusepy.Operations):
         return self.fs.read(fi.fh, offset, size)
 
     @_funnel
+    def read_into(self, offset: int, view: memoryview, fi: Any) -> int:
+        return self.fs.read_into(fi.fh, offset, view)
+
+    @_funnel
     def release(self, path: str, fi: Any) -> int:
         self.fs.release(fi.fh)
         return 0
@@ -314,6 +318,14 @@ class _Fuse(mfusepy.FUSE):
             if filler(buf, name.encode(self.encoding, self.errors), st, next_offset, fill):
                 break  # the kernel's buffer is full; it asks again from next_offset
         return 0
+
+    def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+        # mfusepy takes the bytes read() returns and memmoves them into libfuse's
+        # buffer: a bytes object per request (1 MiB: an mmap, page faults and an
+        # munmap each) and a second copy. Here the block bytes go straight into
+        # libfuse's buffer through a writable view of it.
+        target = (ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))
+        return int(self.operations.read_into(offset, memoryview(target).cast("B"), fip.contents))
 
     def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
         # mfusepy drops the file handle; ftruncate of an unlinked file needs it.

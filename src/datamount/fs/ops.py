@@ -34,7 +34,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from datamount.blocks import ObjectId
@@ -246,13 +246,30 @@ class ReadOnlyFS:
         return Opened(fh, keep)
 
     def read(self, fh: int, offset: int, size: int) -> bytes:
+        got: list[bytes] = []
+
+        def body(handle: ReadHandle) -> int:
+            got.append(handle.read(offset, size))
+            return len(got[0])
+
+        self._read(fh, body)
+        return got[0]
+
+    def read_into(self, fh: int, offset: int, view: memoryview) -> int:
+        """Like read, into `view` (the FUSE request's buffer); the byte count.
+        A handle with its own read_into (block mode) copies straight into it."""
+        return self._read(fh, lambda handle: read_into(handle, offset, view))
+
+    def _read(self, fh: int, body: Callable[[ReadHandle], int]) -> int:
+        """Run `body` on the handle of `fh` (it returns the bytes it read), with
+        the bookkeeping and error mapping every read shares."""
         with self._lock:
             file = self._files.get(fh)
             if file is None:
                 raise _error(errno.EBADF)
             self._inflight += 1
         try:
-            data = file.handle.read(offset, size)
+            n = body(file.handle)
         except OSError as exc:
             if isinstance(exc, VersionChanged | ObjectNotFound) or exc.errno == errno.ESTALE:
                 self._stale(file)
@@ -266,8 +283,8 @@ class ReadOnlyFS:
                 self._idle.notify_all()
         with self._lock:
             self._counts["reads"] += 1
-            self._counts["bytes_read"] += len(data)
-        return data
+            self._counts["bytes_read"] += n
+        return n
 
     def _stale(self, file: _File) -> None:
         self.namespace.invalidate(file.path)
@@ -351,3 +368,13 @@ class ReadOnlyFS:
         raise read_only(target)
 
     symlink = link
+
+
+def read_into(handle: ReadHandle, offset: int, view: memoryview) -> int:
+    """`handle`'s read_into where it has one, else its read copied into `view`."""
+    fast = getattr(handle, "read_into", None)
+    if fast is not None:
+        return int(fast(offset, view))
+    data = handle.read(offset, len(view))
+    view[: len(data)] = data
+    return len(data)

@@ -283,6 +283,11 @@ class WritableFS(ReadOnlyFS):
             self._counts["bytes_read"] += len(data)
         return data
 
+    def read_into(self, fh: int, offset: int, view: memoryview) -> int:
+        data = self.read(fh, offset, len(view))  # staged files are read whole-range
+        view[: len(data)] = data
+        return len(data)
+
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         with self._lock:
             handle = self._handles.get(fh)
