@@ -123,7 +123,7 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
         return stop(bytes=0, ops=len(sizes), problems=int(f"{len(sizes)} {sum(sizes)}" != args[0]))
     if kind == "scandir":  # args: COUNT
         with os.scandir(path) as it:
-            count = next(it, None) is not None
+            count = int(next(it, None) is not None)
             first = time.perf_counter() - clock[0]
             count += sum(1 for _ in it)
         return stop(bytes=0, ops=count, first=first, problems=int(count != int(args[0])))
