@@ -317,6 +317,7 @@ def probe(
     bench: Bench, row: Row, server: Server | None, kind: str, path: Path, *args: str, sha: str = ""
 ) -> Row:
     """Run one workload in a reader subprocess, sampling the server around it."""
+    os.sync()  # dirty pages of earlier steps (local copies, downloads) are not its cost
     pid = server.pid if server else 0
     cpu0 = bc.proc_cpu(pid) if pid else 0.0
     if pid:
@@ -397,6 +398,7 @@ def run_baselines(bench: Bench) -> None:
         scratch = bench.scratch(f"download-{ds.name}")
         try:
             (dest := scratch / "dest").mkdir()
+            os.sync()  # as before every workload (probe)
             sent0 = bc.azurite_bytes_sent(bench.azurite)
             argv = [DATAMOUNT, "download", uri(ds), str(dest), "--workspace", str(bench.ws)]
             run = measure(argv, bench.env(scratch), 120 + ds.total / (5 * MB))
