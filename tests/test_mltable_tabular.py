@@ -295,6 +295,24 @@ def test_paths_only_and_local_mltable(tmp_path: Path) -> None:
     assert list(df["Path"]) == [str(tmp_path / "d" / "a.csv"), str(tmp_path / "d" / "b.csv")]
 
 
+@pytest.mark.parametrize("multi_line", [False, True], ids=["by-lines", "arrow-streaming"])
+def test_a_header_only_csv_keeps_its_columns(tmp_path: Path, multi_line: bool) -> None:
+    """As pandas.read_csv: a file with a header and no row is a table with those
+    columns and no row (Arrow yields no batch for it: the columns were lost)."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.csv").write_text("x,y\n")
+    step = f"{{read_delimited: {{support_multi_line: {str(multi_line).lower()}}}}}"
+    (tmp_path / "MLTable").write_text(f"paths: [{{file: ./d/a.csv}}]\ntransformations: [{step}]\n")
+    df = load(str(tmp_path)).to_pandas_dataframe()
+    assert list(df.columns) == list(pd.read_csv(tmp_path / "d" / "a.csv").columns) == ["x", "y"]
+    assert len(df) == 0
+    (tmp_path / "d" / "b.csv").write_text("x,y\n1,2\n")  # beside a file with rows
+    (tmp_path / "MLTable").write_text(
+        f"paths: [{{pattern: ./d/*.csv}}]\ntransformations: [{step}]\n"
+    )
+    same(load(str(tmp_path)).to_pandas_dataframe(), pd.DataFrame({"x": [1], "y": [2]}))
+
+
 def test_small_blocks_quoted_newlines_and_utf16(tmp_path: Path) -> None:
     lines = [f"{i},{i * 0.5 if i >= 60 else i},{'bad' if i == 90 else i}" for i in range(100)]
     (tmp_path / "m.csv").write_text("a,b,c\n" + "\n".join(lines) + "\n")

@@ -179,6 +179,8 @@ def _csv_by_lines(
     no_header = opts.header == "no_header"
     raw = StoreFile(store, file.key, file.size, file.etag or None)
     columns = names
+    schema: pa.Schema | None = None  # of the last block, for a file with no rows
+    rows = False
     for block in _line_blocks(raw, block_size):
         read = pacsv.ReadOptions(
             use_threads=False,
@@ -205,7 +207,10 @@ def _csv_by_lines(
             table = table.rename_columns(columns)
             if not opts.infer_column_types:
                 table = table.cast(pa.schema([(n, pa.string()) for n in columns]))
+        schema, rows = table.schema, rows or table.num_rows > 0
         yield from table.to_batches()
+    if not rows and schema is not None:  # a header and no row: its columns still count
+        yield _empty(schema)
 
 
 def _csv_streaming(
@@ -237,16 +242,30 @@ def _csv_streaming(
     csv = reader(None)
     # A column empty in the first block is inferred as null and would fail
     # on the first value later: read it as text (also when inference is off).
+    inferred = csv.schema  # a column with no value yet is null-typed here
     loose = [f.name for f in csv.schema if pa.types.is_null(f.type) or not opts.infer_column_types]
     if loose:
         csv.close()
         csv = reader({n: pa.string() for n in loose})
     rename = [f"Column{i + 1}" for i in range(len(csv.schema))] if no_header else None
+    rows = False
     with csv:
         for batch in csv:
             if rename is not None:
                 batch = pa.RecordBatch.from_arrays(batch.columns, names=rename)
+            rows = rows or batch.num_rows > 0
             yield batch
+        if not rows:  # a header and no row: its columns still count, typed as no value
+            schema = inferred if opts.infer_column_types else csv.schema
+            if rename is not None:
+                schema = pa.schema([f.with_name(n) for f, n in zip(schema, rename, strict=True)])
+            yield _empty(schema)
+
+
+def _empty(schema: pa.Schema) -> pa.RecordBatch:
+    """A batch with `schema`'s columns and no rows (Arrow yields no batch at all
+    for a CSV file that has a header only, and its columns would be lost)."""
+    return pa.RecordBatch.from_pylist([], schema=schema)
 
 
 # -- parquet ----------------------------------------------------------------
