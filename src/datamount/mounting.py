@@ -41,7 +41,6 @@ from datamount.errors import (
 )
 from datamount.fs.namespace import Namespace
 from datamount.fs.ops import ReadOnlyFS
-from datamount.fs.writable import WritableFS
 from datamount.location import StorageKind, StorageLocation
 from datamount.log import RUNTIME_LOG, activity
 from datamount.reader import Reader
@@ -54,7 +53,6 @@ from datamount.storage import ObjectStore
 from datamount.storage.base import ListPage
 from datamount.transfer.progress import Progress
 from datamount.workspace import Workspace
-from datamount.writeback import WriteBack, WriteBackOptions
 
 log = logging.getLogger("datamount.mounting")
 
@@ -240,6 +238,9 @@ def _rw_mount(
             if not launch.foreground:
                 launch.spawn(ctx, mountpoint, f"rw-mounted {location.uri()}")
                 return path
+            from datamount.fs.writable import WritableFS  # rw only: ro daemons start faster
+            from datamount.writeback import WriteBack, WriteBackOptions
+
             stats = MountStats()
             reader = make_reader(settings, store, stats, location)
             cleanup.callback(reader.close)
