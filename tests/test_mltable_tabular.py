@@ -311,6 +311,26 @@ def test_a_header_only_csv_keeps_its_columns(tmp_path: Path, multi_line: bool) -
         f"paths: [{{pattern: ./d/*.csv}}]\ntransformations: [{step}]\n"
     )
     same(load(str(tmp_path)).to_pandas_dataframe(), pd.DataFrame({"x": [1], "y": [2]}))
+    # No rows asked for: the columns keep the types the rows give, not the
+    # header-only file's (typed by no value), wherever it comes in the listing.
+    for subset, files in (("take: 0", ["a.csv", "b.csv"]), ("skip: 5", ["b.csv", "a.csv"])):
+        paths = ", ".join(f"{{file: ./d/{f}}}" for f in files)
+        text = f"paths: [{paths}]\ntransformations: [{step}, {{{subset}}}]\n"
+        (tmp_path / "MLTable").write_text(text)
+        df = load(str(tmp_path)).to_pandas_dataframe()
+        assert list(df.columns) == ["x", "y"] and len(df) == 0, subset
+        assert [str(t) for t in df.dtypes] == ["int64", "int64"], subset
+
+
+def test_a_header_line_without_a_newline_gives_the_columns(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("x,y")  # pandas.read_csv: columns x, y, no row
+    (tmp_path / "b.csv").write_text("x,y\n1,2")  # a last row without a newline
+    for name, rows in (("a.csv", {"x": [], "y": []}), ("b.csv", {"x": [1], "y": [2]})):
+        text = f"paths: [{{file: ./{name}}}]\ntransformations: [read_delimited]\n"
+        (tmp_path / "MLTable").write_text(text)
+        df = load(str(tmp_path)).to_pandas_dataframe()
+        assert list(df.columns) == list(pd.read_csv(tmp_path / name).columns) == ["x", "y"]
+        assert df.to_dict("list") == rows
 
 
 def test_small_blocks_quoted_newlines_and_utf16(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ are imported inside those commands.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -435,11 +436,9 @@ def entry() -> None:
     then: main() has joined its workers and shut logging down; stdout and stderr
     are flushed here."""
     code = main()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except OSError:  # a closed pipe: nothing more to say to it
-        pass
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a closed pipe: nothing more to say to it
+            stream.flush()
     os._exit(code)
 
 

@@ -151,8 +151,8 @@ def _line_blocks(raw: StoreFile, block_size: int) -> Iterator[bytes]:
     while True:
         data = raw.read(block_size)
         if not data:
-            if carry:
-                yield carry
+            if carry:  # a last line with no newline: Arrow reads a lone header line
+                yield carry + b"\n"  # without one as an empty file (no columns)
             return
         buf = carry + data
         cut = buf.rfind(b"\n") + 1

@@ -199,6 +199,10 @@ def _take(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
     left = count
     if left <= 0:  # no rows, but the columns: one batch's schema (one block read)
         first = next(chunks, None)
+        if first is not None and not first.batch.num_rows:
+            # a header-only file: its columns are typed by no value (null); the
+            # first rows of a later file, if any, give the types
+            first = next((c for c in chunks if c.batch.num_rows), first)
         if first is not None:
             yield Chunk(first.batch.slice(0, 0), first.file)
         return
@@ -218,7 +222,8 @@ def _skip(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
         n = chunk.batch.num_rows
         if left >= n:
             left -= n
-            last = chunk
+            if n or last is None or not last.batch.num_rows:  # rows type the columns
+                last = chunk
             continue
         yield Chunk(chunk.batch.slice(left), chunk.file) if left else chunk
         left, emitted = 0, True
