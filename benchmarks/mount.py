@@ -203,15 +203,11 @@ class Bench:
         self.startup = 0.0
 
     def scratch(self, label: str) -> Path:
+        """A fresh folder in the work folder, kept until the end of the run: on an
+        ext4 without a journal (this VM) files created soon after many were deleted
+        cost several times the kernel CPU (ext4 skips recently freed inodes), so
+        deleting one contender's 2,000 files or 512 cache blocks would tax the next."""
         return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=self.workdir))
-
-    def drop(self, path: Path) -> None:
-        """Delete `path` only when it is the work folder, at the very end: on an ext4
-        without a journal (this VM) files created soon after many were deleted cost
-        several times the kernel CPU (ext4 skips recently freed inodes), so deleting
-        one contender's 2,000 files or 512 cache blocks would tax the next one's."""
-        if path == self.workdir and not self.opts.keep:
-            shutil.rmtree(path, ignore_errors=True)
 
     def env(self, scratch: Path) -> dict[str, str]:
         keep = {k: v for k, v in os.environ.items() if not k.startswith(KNOBS)}
@@ -250,7 +246,6 @@ def datamount_mount(bench: Bench, ds: Dataset) -> Iterator[Server]:
         with bc.signals_deferred():
             unmount = [DATAMOUNT, "unmount", str(mp), "--timeout", "10"]
             bc.end_mount(mp, daemons(scratch / "cache", mp), unmount, env=env)
-            bench.drop(scratch)
 
 
 def daemons(cache: Path, mp: Path) -> set[int]:
@@ -299,7 +294,6 @@ def fsspec_mount(bench: Bench) -> Iterator[Server]:
             bc.end_mount(mp, {proc.pid})
             proc.kill()
             proc.wait()
-            bench.drop(scratch)
 
 
 def answers(mp: Path) -> bool:
@@ -396,34 +390,31 @@ def run_baselines(bench: Bench) -> None:
         if ds is None or not wanted:
             continue
         scratch = bench.scratch(f"download-{ds.name}")
-        try:
-            (dest := scratch / "dest").mkdir()
-            os.sync()  # as before every workload (probe)
-            sent0 = bc.azurite_bytes_sent(bench.azurite)
-            argv = [DATAMOUNT, "download", uri(ds), str(dest), "--workspace", str(bench.ws)]
-            run = measure(argv, bench.env(scratch), 120 + ds.total / (5 * MB))
-            row = Row(w, "download", run.seconds, ds.total, len(ds.files), failed=run.note)
-            row.server_cpu, row.server_rss = run.cpu, run.rss_mib
-            row.sent = bc.azurite_bytes_sent(bench.azurite) - sent0
-            if run.ok:  # hashing every file also leaves A in the page cache for workload 2
-                row.problems = bc.verify_tree(dest, ds, frozenset({".datamount-manifest.jsonl"}))
-            bench.add(row)
-            if w != 1 or row.failed or row.problems:
-                continue
-            local, sha = dest / ds.files[0].rel, ds.files[0].sha256
-            local_runs = (
-                (2, "local cache", "seq"),
-                (1, "local disk", "seq"),
-                (3, "local disk", "random"),
-            )
-            for x, who, kind in local_runs:
-                if x in wanted:
-                    if who == "local disk":
-                        bc.drop_page_cache(local)
-                    args, want = (random_args(bench, 1e9), "") if x == 3 else ((), sha)
-                    bench.add(probe(bench, Row(x, who), None, kind, local, *args, sha=want))
-        finally:
-            bench.drop(scratch)
+        (dest := scratch / "dest").mkdir()
+        os.sync()  # as before every workload (probe)
+        sent0 = bc.azurite_bytes_sent(bench.azurite)
+        argv = [DATAMOUNT, "download", uri(ds), str(dest), "--workspace", str(bench.ws)]
+        run = measure(argv, bench.env(scratch), 120 + ds.total / (5 * MB))
+        row = Row(w, "download", run.seconds, ds.total, len(ds.files), failed=run.note)
+        row.server_cpu, row.server_rss = run.cpu, run.rss_mib
+        row.sent = bc.azurite_bytes_sent(bench.azurite) - sent0
+        if run.ok:  # hashing every file also leaves A in the page cache for workload 2
+            row.problems = bc.verify_tree(dest, ds, frozenset({".datamount-manifest.jsonl"}))
+        bench.add(row)
+        if w != 1 or row.failed or row.problems:
+            continue
+        local, sha = dest / ds.files[0].rel, ds.files[0].sha256
+        local_runs = (
+            (2, "local cache", "seq"),
+            (1, "local disk", "seq"),
+            (3, "local disk", "random"),
+        )
+        for x, who, kind in local_runs:
+            if x in wanted:
+                if who == "local disk":
+                    bc.drop_page_cache(local)
+                args, want = (random_args(bench, 1e9), "") if x == 3 else ((), sha)
+                bench.add(probe(bench, Row(x, who), None, kind, local, *args, sha=want))
 
 
 def run_fsspec(bench: Bench) -> None:
@@ -615,7 +606,10 @@ def main(argv: list[str]) -> int:
                 print(f"warning: {mp} was still mounted: detaching it", file=sys.stderr)
                 subprocess.run(["fusermount3", "-uz", mp], capture_output=True, timeout=30)
             bench.azurite.stop()
-            bench.drop(workdir) if not opts.keep else print(f"kept {workdir}")
+            if opts.keep:
+                print(f"kept {workdir}")
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
     bad = sum(bool(r.failed or r.problems) for rows in bench.rows.values() for r in rows)
     print(f"MB/s is 10^6 bytes per second; load average at the end: {os.getloadavg()[0]:.2f}")
     print(f"{bad} failed run(s): see FAIL above" if bad else "every contender ran and checked out")

@@ -36,12 +36,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from datamount.blocks import ObjectId
 from datamount.errors import ObjectNotFound, VersionChanged
 from datamount.fs.namespace import Attrs, Namespace
 from datamount.reader import Reader, ReadHandle
 from datamount.staging import Leftovers
+
+T = TypeVar("T")
 
 NS = 1_000_000_000
 FILE_MODE = stat.S_IFREG | 0o444
@@ -246,30 +249,23 @@ class ReadOnlyFS:
         return Opened(fh, keep)
 
     def read(self, fh: int, offset: int, size: int) -> bytes:
-        got: list[bytes] = []
-
-        def body(handle: ReadHandle) -> int:
-            got.append(handle.read(offset, size))
-            return len(got[0])
-
-        self._read(fh, body)
-        return got[0]
+        return self._read(fh, lambda handle: handle.read(offset, size), len)
 
     def read_into(self, fh: int, offset: int, view: memoryview) -> int:
         """Like read, into `view` (the FUSE request's buffer); the byte count.
         A handle with its own read_into (block mode) copies straight into it."""
-        return self._read(fh, lambda handle: read_into(handle, offset, view))
+        return self._read(fh, lambda handle: read_into(handle, offset, view), int)
 
-    def _read(self, fh: int, body: Callable[[ReadHandle], int]) -> int:
-        """Run `body` on the handle of `fh` (it returns the bytes it read), with
-        the bookkeeping and error mapping every read shares."""
+    def _read(self, fh: int, body: Callable[[ReadHandle], T], count: Callable[[T], int]) -> T:
+        """Run `body` on the handle of `fh`, with the bookkeeping (`count` of
+        its result: the bytes read) and error mapping every read shares."""
         with self._lock:
             file = self._files.get(fh)
             if file is None:
                 raise _error(errno.EBADF)
             self._inflight += 1
         try:
-            n = body(file.handle)
+            result = body(file.handle)
         except OSError as exc:
             if isinstance(exc, VersionChanged | ObjectNotFound) or exc.errno == errno.ESTALE:
                 self._stale(file)
@@ -283,8 +279,8 @@ class ReadOnlyFS:
                 self._idle.notify_all()
         with self._lock:
             self._counts["reads"] += 1
-            self._counts["bytes_read"] += n
-        return n
+            self._counts["bytes_read"] += count(result)
+        return result
 
     def _stale(self, file: _File) -> None:
         self.namespace.invalidate(file.path)
@@ -311,12 +307,16 @@ class ReadOnlyFS:
         """Wait until no file is open and no read is running; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._files or self._inflight:
+            while self._busy():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._idle.wait(left)
             return True
+
+    def _busy(self) -> bool:
+        """Files open or reads running (under the lock): wait_idle waits on it."""
+        return bool(self._files or self._inflight)
 
     def finish_writes(self, timeout: float) -> Leftovers:
         """At unmount, after the last request: what could not be uploaded

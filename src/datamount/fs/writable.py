@@ -516,15 +516,8 @@ class WritableFS(ReadOnlyFS):
         self._recovery.start()
         return len(recovered)
 
-    def wait_idle(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._files or self._inflight or self._handles:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
-            return True
+    def _busy(self) -> bool:
+        return super()._busy() or bool(self._handles)
 
     def finish_writes(self, timeout: float) -> Leftovers:
         """At unmount: wait for the re-uploads, retry failed uploads once (all
