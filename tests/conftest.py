@@ -13,10 +13,10 @@ import pytest
 from azure.storage.blob import ContainerClient
 
 from azurite import KEY, SECOND, SECOND_KEY, Azurite, AzuriteMissing
-from datamount.credentials import Credential
-from datamount.location import StorageKind, StorageLocation
-from datamount.retry import RetryPolicy
 from datamount.storage import ObjectStore, open_store
+from datamount.storage.credentials import Credential
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
 
 # Seeding 5,003 blobs costs Azurite ~10 s (≈2 ms per request): do it once.
 MANY = {f"many/{i // 100:03d}/{i:05d}.txt": str(i).encode() for i in range(5_003)}

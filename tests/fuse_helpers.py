@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from datamount.mountd import alive, find_mount, is_stale, read_state, stats_path
+from datamount.mount.control import alive, find_mount, is_stale, read_state, stats_path
 
 EXE = str(Path(sys.executable).parent / "datamount")
 CLI_TIMEOUT = 60

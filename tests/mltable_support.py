@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from datamount.location import StorageLocation
-from datamount.retry import RetryPolicy
 from datamount.storage import ListPage, ObjectInfo, ObjectStore, open_store
+from datamount.storage.location import StorageLocation
+from datamount.storage.retry import RetryPolicy
 from datamount.workspace import Workspace, WorkspaceConfig
 
 

@@ -20,11 +20,18 @@ from typing import Any
 
 import pytest
 
-from datamount.blocks import BlockKey, ObjectId
-from datamount.cache import disk as disk_module
-from datamount.cache.disk import FORMAT_VERSION, HEADER, MAGIC, TMP_DIR, DiskCache, encode_header
+from datamount.read.blocks import BlockKey, ObjectId
+from datamount.read.cache import disk as disk_module
+from datamount.read.cache.disk import (
+    FORMAT_VERSION,
+    HEADER,
+    MAGIC,
+    TMP_DIR,
+    DiskCache,
+    encode_header,
+)
+from datamount.read.stats import MountStats
 from datamount.settings import KB, MB, Settings
-from datamount.stats import MountStats
 
 BLOCK = 4096
 ETAG = '"0x8DC0FFEE"'

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datamount.blocks import BlockKey, ObjectId
-from datamount.cache.memory import MemoryCache
-from datamount.stats import MountStats
+from datamount.read.blocks import BlockKey, ObjectId
+from datamount.read.cache.memory import MemoryCache
+from datamount.read.stats import MountStats
 
 
 def key(index: int, etag: str = "e1") -> BlockKey:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from datamount.blocks import BlockKey, ObjectId
-from datamount.cache.base import BlockCache
-from datamount.cache.disk import DiskCache
-from datamount.cache.memory import MemoryCache
-from datamount.cache.tiered import TieredCache
+from datamount.read.blocks import BlockKey, ObjectId
+from datamount.read.cache.base import BlockCache
+from datamount.read.cache.disk import DiskCache
+from datamount.read.cache.memory import MemoryCache
+from datamount.read.cache.tiered import TieredCache
 
 MB = 1024 * 1024
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from datamount.blocks import BlockKey, ObjectId
-from datamount.cache.base import NoCache
-from datamount.cache.disk import DiskCache
-from datamount.cache.memory import MemoryCache
-from datamount.cache.tiered import TieredCache
-from datamount.stats import MountStats
+from datamount.read.blocks import BlockKey, ObjectId
+from datamount.read.cache.base import NoCache
+from datamount.read.cache.disk import DiskCache
+from datamount.read.cache.memory import MemoryCache
+from datamount.read.cache.tiered import TieredCache
+from datamount.read.stats import MountStats
 
 BLOCK = 1000
 

@@ -18,10 +18,10 @@ import pytest
 
 from conftest import store_on
 from datamount.errors import AccessDenied, DataError, ObjectNotFound, VersionChanged
-from datamount.retry import RetryPolicy
 from datamount.storage import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, connection_reset, forbidden, throttled
 from datamount.storage.memory import MemoryStore
+from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import Downloader, DownloadOptions, NotEnoughSpace
 from datamount.transfer.manifest import MANIFEST_NAME
 from fuse_helpers import mount_env as cli_env

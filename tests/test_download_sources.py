@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from datamount.location import StorageKind, StorageLocation
-from datamount.retry import RetryPolicy
 from datamount.storage import open_store
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import Downloader, DownloadOptions
 from test_storage_http import QuietServer, Site, make_handler
 

@@ -15,7 +15,7 @@ import pytest
 from datamount.fs.fuse_adapter import MAX_IO, NEVER_SECONDS, Adapter
 from datamount.fs.namespace import Namespace
 from datamount.fs.ops import ReadOnlyFS
-from datamount.reader import DirectReader
+from datamount.read.reader import DirectReader
 from datamount.storage.base import ListPage
 from datamount.storage.memory import MemoryStore
 
@@ -87,7 +87,7 @@ def test_kernel_timeouts_follow_the_attribute_ttl(ttl: float | None, expected: f
 
 def test_writable_fs_through_the_adapter(tmp_path) -> None:  # noqa: ANN001
     from datamount.fs.writable import WritableFS
-    from datamount.writeback import WriteBack, WriteBackOptions
+    from datamount.write.writeback import WriteBack, WriteBackOptions
 
     store = MemoryStore({"ds/f": b"x"})
     writeback = WriteBack(store, tmp_path / "staging", WriteBackOptions())

@@ -14,7 +14,7 @@ import pytest
 
 from datamount.fs.namespace import Namespace
 from datamount.fs.ops import NS, ReadOnlyFS
-from datamount.reader import DirectReader
+from datamount.read.reader import DirectReader
 from datamount.storage.base import ListPage
 from datamount.storage.memory import MemoryStore
 

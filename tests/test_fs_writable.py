@@ -17,13 +17,13 @@ import pytest
 
 from datamount.fs.namespace import Namespace
 from datamount.fs.writable import WritableFS
-from datamount.reader import DirectReader
-from datamount.staging import Leftovers, journal_leftovers
+from datamount.read.reader import DirectReader
 from datamount.storage.base import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, forbidden
 from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
-from datamount.writeback import JOURNAL, WriteBack, WriteBackOptions
+from datamount.write.journal import Leftovers, journal_leftovers
+from datamount.write.writeback import JOURNAL, WriteBack, WriteBackOptions
 
 BLOCK = 1024
 rng = random.Random(11)
@@ -269,7 +269,7 @@ def test_failed_upload_is_eio_kept_in_journal_and_recovered(tmp_path: Path) -> N
 
 
 def test_transient_failures_are_retried(tmp_path: Path) -> None:
-    from datamount.retry import RetryPolicy
+    from datamount.storage.retry import RetryPolicy
 
     inner = MemoryStore()
     plan = FaultPlan().fail("stage_block", times=2).fail("commit_blocks", times=1)

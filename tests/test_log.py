@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from datamount.credentials import Secret
 from datamount.log import (
     CAPABILITY_LOG,
     RUNTIME_LOG,
@@ -22,6 +21,7 @@ from datamount.log import (
     setup_logging,
     shutdown_logging,
 )
+from datamount.storage.credentials import Secret
 
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 ACCOUNT_KEY = "c2VjcmV0LWFjY291bnQta2V5LXZhbHVl+/abc=="

@@ -14,10 +14,10 @@ from azure.storage.blob import BlobServiceClient, ContainerClient
 
 from azurite import KEY, SECOND, SECOND_KEY, Azurite
 from datamount.errors import DataError
-from datamount.evalmode import evaluated_store
-from datamount.location import StorageKind
 from datamount.mltable import MLTableError, evaluate, load
+from datamount.mltable.evalmode import evaluated_store
 from datamount.mltable.evaluate import sample_mask
+from datamount.storage.location import StorageKind
 from datamount.uris import parse
 from datamount.workspace import AssetVersion, Workspace
 from mltable_support import Counts, azurite_workspace, counting_factory

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from datamount.errors import DataError
-from datamount.location import StorageKind, StorageLocation
 from datamount.mltable import MLTableError, eval_relative_path, evaluate, load
+from datamount.storage.location import StorageKind, StorageLocation
 from datamount.workspace import Workspace
 from mltable_support import Counts, counting_factory, http_folder
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from datamount.mountd import alive, is_stale, state_file
+from datamount.mount.control import alive, is_stale, state_file
 from fuse_helpers import (
     EXE,
     Mounts,

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from datamount.mountd import alive, is_stale, state_file
+from datamount.mount.control import alive, is_stale, state_file
 from faultproxy import FaultProxy
 from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, tracked_mounts, wait_for
 

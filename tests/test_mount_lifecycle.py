@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from datamount import mountd
 from datamount.errors import DataError, DatamountError
+from datamount.mount import control
 
 
 def test_mountinfo_parsing_unescapes_paths(tmp_path: Path) -> None:
@@ -22,56 +22,56 @@ def test_mountinfo_parsing_unescapes_paths(tmp_path: Path) -> None:
         "90 22 0:45 / /tmp/with\\040space/mnt rw,nosuid,nodev shared:1 - fuse.datamount "
         "datamount:train ro,user_id=0\n"
     )
-    entries = mountd.mounts(info)
-    assert entries[1] == mountd.MountEntry(
+    entries = control.mounts(info)
+    assert entries[1] == control.MountEntry(
         "/tmp/with space/mnt", "fuse.datamount", "datamount:train", "0:45"
     )
     assert entries[0].fstype == "proc"
 
 
 def test_state_file_round_trip(tmp_path: Path) -> None:
-    state = mountd.MountState(pid=os.getpid(), mountpoint="/m", spec="/s.yaml", input="train",
+    state = control.MountState(pid=os.getpid(), mountpoint="/m", spec="/s.yaml", input="train",
                               uri="https://x/c/p/", started=1.0, stats_file="/l/s.json")  # fmt: skip
-    path = mountd.state_file(tmp_path, Path("/m"))
-    assert path == mountd.state_file(tmp_path, Path("/m/../m/"))  # one file per mount point
-    mountd.write_json(path, state.__dict__)
-    assert mountd.read_state(tmp_path, Path("/m")) == state
+    path = control.state_file(tmp_path, Path("/m"))
+    assert path == control.state_file(tmp_path, Path("/m/../m/"))  # one file per mount point
+    control.write_json(path, state.__dict__)
+    assert control.read_state(tmp_path, Path("/m")) == state
     path.write_text("{broken")
-    assert mountd.read_state(tmp_path, Path("/m")) is None
+    assert control.read_state(tmp_path, Path("/m")) is None
 
 
 def test_state_files_of_other_versions_read(tmp_path: Path) -> None:
     """Older state files (no mode) read as not rw_mount; unknown keys are skipped."""
     old = {"pid": 1, "mountpoint": "/m", "spec": "", "input": "input", "uri": "u",
            "started": 1.0, "stats_file": "/l/s.json"}  # fmt: skip
-    mountd.write_json(mountd.state_file(tmp_path, Path("/m")), old)
-    state = mountd.read_state(tmp_path, Path("/m"))
+    control.write_json(control.state_file(tmp_path, Path("/m")), old)
+    state = control.read_state(tmp_path, Path("/m"))
     assert state is not None and state.mode == "" and not state.writable
     newer = {**old, "mode": "rw_mount", "staging": "/c/staging/x", "future": 1}
-    mountd.write_json(mountd.state_file(tmp_path, Path("/m")), newer)
-    state = mountd.read_state(tmp_path, Path("/m"))
+    control.write_json(control.state_file(tmp_path, Path("/m")), newer)
+    state = control.read_state(tmp_path, Path("/m"))
     assert state is not None and state.writable and state.staging == "/c/staging/x"
 
 
 def test_alive_treats_zombies_as_gone() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 10
-    while mountd.alive(proc.pid) and time.monotonic() < deadline:
+    while control.alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not mountd.alive(proc.pid)  # exited, not yet reaped: a zombie
+    assert not control.alive(proc.pid)  # exited, not yet reaped: a zombie
     proc.wait()
-    assert mountd.alive(os.getpid())
+    assert control.alive(os.getpid())
 
 
 def test_mount_point_checks(tmp_path: Path) -> None:
     fresh = tmp_path / "a" / "b"
-    mountd.prepare_mountpoint(fresh, tmp_path)
+    control.prepare_mountpoint(fresh, tmp_path)
     assert fresh.is_dir()  # created
     (fresh / "x").write_text("x")
     with pytest.raises(DataError, match="is not empty"):
-        mountd.prepare_mountpoint(fresh, tmp_path)
+        control.prepare_mountpoint(fresh, tmp_path)
     with pytest.raises(DataError, match="is not a directory"):
-        mountd.prepare_mountpoint(fresh / "x", tmp_path)
+        control.prepare_mountpoint(fresh / "x", tmp_path)
 
 
 def fake_daemon(body: str) -> list[str]:
@@ -85,14 +85,14 @@ def test_spawn_relays_the_daemons_error(tmp_path: Path) -> None:
         'os.write(fd, b\'{"error": "storage unreachable", "exit_code": 3}\\n\')\nsys.exit(3)\n'
     )
     with pytest.raises(DatamountError) as caught:
-        mountd.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log")
+        control.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log")
     assert str(caught.value) == "storage unreachable" and caught.value.exit_code == 3
 
 
 def test_spawn_reports_a_silent_exit(tmp_path: Path) -> None:
     argv = fake_daemon("print('oops', file=sys.stderr)\nsys.exit(7)\n")
     with pytest.raises(DataError, match="exited with status 7"):
-        mountd.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log")
+        control.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log")
     assert "oops" in (tmp_path / "log").read_text()  # the daemon's stdio goes to the log
 
 
@@ -100,20 +100,20 @@ def test_spawn_gives_up_on_a_daemon_that_never_answers(tmp_path: Path) -> None:
     argv = fake_daemon("time.sleep(60)\n")
     started = time.monotonic()
     with pytest.raises(DataError, match="gave no answer"):
-        mountd.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log", timeout=0.5)
+        control.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log", timeout=0.5)
     assert time.monotonic() - started < 15
 
 
 def test_readiness_writes_one_line_once() -> None:
     r, w = os.pipe()
-    ready = mountd.Readiness(w)
+    ready = control.Readiness(w)
     ready.ok()
     ready.fail(DataError("too late"))  # ignored: the pipe is closed after the first answer
     assert os.read(r, 100) == b'{"ready": true}\n'
     os.close(r)
-    mountd.Readiness(None).ok()  # no pipe (--foreground by hand): nothing to do
+    control.Readiness(None).ok()  # no pipe (--foreground by hand): nothing to do
 
 
 def test_unmount_of_something_not_mounted(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="is not mounted"):
-        mountd.unmount(tmp_path, cache_dir=tmp_path, timeout=1)
+        control.unmount(tmp_path, cache_dir=tmp_path, timeout=1)

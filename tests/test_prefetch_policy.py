@@ -9,8 +9,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datamount.blocks import blocks_for
-from datamount.prefetch.policy import PrefetchPolicy
+from datamount.read.blocks import blocks_for
+from datamount.read.prefetch.policy import PrefetchPolicy
 
 BS = 256  # bytes: only the block arithmetic matters here
 

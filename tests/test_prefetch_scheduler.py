@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from datamount.prefetch.scheduler import Scheduler, SchedulerClosed
+from datamount.read.prefetch.scheduler import Scheduler, SchedulerClosed
 from test_reader_fakes import wait_for
 
 

@@ -15,9 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datamount.blocks import ObjectId
-from datamount.reader import DirectReader, Reader, ReadHandle
-from datamount.retry import RetryPolicy
+from datamount.read.blocks import ObjectId
+from datamount.read.reader import DirectReader, Reader, ReadHandle
 from datamount.storage.faults import (
     FaultPlan,
     FaultyStore,
@@ -26,6 +25,7 @@ from datamount.storage.faults import (
     throttled,
 )
 from datamount.storage.memory import MemoryStore
+from datamount.storage.retry import RetryPolicy
 from test_reader_fakes import (
     DictCache,
     GatedStore,

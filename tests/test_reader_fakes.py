@@ -12,12 +12,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from datamount.blocks import BlockKey, ObjectId
-from datamount.cache.base import BlockCache, NoCache
-from datamount.fetch import BlockFetcher
-from datamount.prefetch.scheduler import Scheduler
-from datamount.reader import BlockReader
-from datamount.stats import MountStats
+from datamount.read.blocks import BlockKey, ObjectId
+from datamount.read.cache.base import BlockCache, NoCache
+from datamount.read.fetch import BlockFetcher
+from datamount.read.prefetch.scheduler import Scheduler
+from datamount.read.reader import BlockReader
+from datamount.read.stats import MountStats
 from datamount.storage.base import ObjectStore
 from datamount.storage.memory import MemoryStore
 

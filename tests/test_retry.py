@@ -10,7 +10,6 @@ import threading
 import pytest
 
 from datamount.errors import AccessDenied, ObjectNotFound, StorageError, Throttled
-from datamount.retry import RetryPolicy, is_transient
 from datamount.storage.faults import (
     FaultPlan,
     FaultyStore,
@@ -21,6 +20,7 @@ from datamount.storage.faults import (
     throttled,
 )
 from datamount.storage.memory import MemoryStore
+from datamount.storage.retry import RetryPolicy, is_transient
 
 DATA = bytes(range(256)) * 40
 

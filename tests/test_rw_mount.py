@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import store_on
-from datamount.mountd import alive, state_file
+from datamount.mount.control import alive, state_file
 from datamount.storage import ObjectStore
 from datamount.transfer.upload import BLOCK_SIZE
 from faultproxy import FaultProxy

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from datamount.mountd import alive, read_state
+from datamount.mount.control import alive, read_state
 from fuse_helpers import Mounts, datamount, mount_env, spec_file, tracked_mounts, wait_for
 
 

@@ -16,12 +16,12 @@ import requests
 from azure.storage.blob import ContainerClient, ContainerSasPermissions, generate_container_sas
 
 from azurite import Azurite
-from datamount.credentials import Credential
 from datamount.errors import AccessDenied, ObjectNotFound, Throttled
-from datamount.location import StorageKind, StorageLocation
-from datamount.retry import RetryPolicy
 from datamount.storage import open_store
 from datamount.storage.azure_blob import AzureBlobStore, account_of
+from datamount.storage.credentials import Credential
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
 
 WRONG_KEY = "V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3Jvbmc="
 
@@ -210,8 +210,8 @@ def test_stores_on_one_container_share_one_client(
 def test_identity_credentials_map_to_azure_identity() -> None:
     from azure.identity import ChainedTokenCredential, ManagedIdentityCredential
 
-    from datamount.credentials import CredentialKind
     from datamount.storage.azure_clients import sdk_credential
+    from datamount.storage.credentials import CredentialKind
 
     managed = Credential(CredentialKind.MANAGED_IDENTITY, client_id="1234")
     assert isinstance(sdk_credential(managed, "acct"), ManagedIdentityCredential)

@@ -18,7 +18,6 @@ from azure.storage.blob._shared.authentication import (
 )
 
 from azurite import ACCOUNT, KEY
-from datamount.credentials import Credential, CredentialKind
 from datamount.errors import AccessDenied
 from datamount.storage.azure_auth import (
     Anonymous,
@@ -30,6 +29,7 @@ from datamount.storage.azure_auth import (
 from datamount.storage.azure_clients import raw_auth
 from datamount.storage.azure_list import list_params
 from datamount.storage.azure_raw import RawClient
+from datamount.storage.credentials import Credential, CredentialKind
 
 
 def test_header_order_matches_the_sdk_collation() -> None:

@@ -26,15 +26,15 @@ from azure.storage.blob import (
 )
 
 from azurite import Azurite, free_port
-from datamount.credentials import Credential
 from datamount.errors import AccessDenied, ObjectNotFound, StorageError
-from datamount.location import StorageKind, StorageLocation
-from datamount.retry import RetryPolicy
 from datamount.storage import open_store
 from datamount.storage.azure_blob import AzureBlobStore
 from datamount.storage.azure_clients import API_VERSION
 from datamount.storage.azure_list import http_time, list_params, parse_list
 from datamount.storage.base import ObjectInfo
+from datamount.storage.credentials import Credential
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
 
 WRONG_KEY = "V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3Jvbmc="
 REPO = Path(__file__).resolve().parent.parent
@@ -383,9 +383,9 @@ def test_reads_listing_stat_and_errors_never_load_the_sdk(
     container.upload_blob("s/blob", b"0123456789")
     code = """
         import os, sys
-        from datamount.credentials import Credential
+        from datamount.storage.credentials import Credential
         from datamount.errors import AccessDenied, ObjectNotFound
-        from datamount.retry import RetryPolicy
+        from datamount.storage.retry import RetryPolicy
         from datamount.storage.azure_blob import AzureBlobStore
 
         def store(key):

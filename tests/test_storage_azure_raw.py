@@ -22,14 +22,14 @@ import pytest
 from azure.storage.blob import ContainerClient, ContainerSasPermissions, generate_container_sas
 
 from azurite import ACCOUNT, KEY, Azurite
-from datamount.credentials import Credential, CredentialKind
 from datamount.errors import AccessDenied, StorageError, VersionChanged
-from datamount.location import StorageKind, StorageLocation
-from datamount.retry import RetryPolicy
 from datamount.storage import open_store
 from datamount.storage.azure_blob import AzureBlobStore
 from datamount.storage.base import ObjectInfo
+from datamount.storage.credentials import Credential, CredentialKind
 from datamount.storage.http import HttpStore
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
 
 WRONG_KEY = "V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3JvbmdLZXlXcm9uZ0tleVdyb25nS2V5V3Jvbmc="
 SIZE = 1_000_003

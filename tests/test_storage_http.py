@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from datamount.errors import ObjectNotFound, StorageError, VersionChanged
-from datamount.location import StorageKind, StorageLocation
-from datamount.retry import RetryPolicy
 from datamount.storage import open_store
 from datamount.storage.http import HttpStore
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
 
 SIZE = 300_007
 DATA = random.Random(3).randbytes(SIZE)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from datamount.errors import BadRequest, VersionChanged
-from datamount.location import StorageKind, StorageLocation
 from datamount.storage import open_store
 from datamount.storage.local import LocalStore
+from datamount.storage.location import StorageKind, StorageLocation
 
 
 def tree(root: Path) -> list[str]:

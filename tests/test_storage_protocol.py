@@ -15,15 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from datamount.credentials import Credential
 from datamount.errors import BadRequest, ObjectNotFound, StorageError, VersionChanged
-from datamount.retry import RetryPolicy
 from datamount.storage import ObjectStore
 from datamount.storage.azure_blob import AzureBlobStore
 from datamount.storage.base import ListPage
+from datamount.storage.credentials import Credential
 from datamount.storage.faults import FaultyStore
 from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
+from datamount.storage.retry import RetryPolicy
 
 SIZE = 100_003  # odd on purpose: no range lines up with a power of two
 SOURCE = random.Random(7).randbytes(SIZE)

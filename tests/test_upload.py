@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from datamount.errors import AccessDenied, DatamountError
-from datamount.retry import RetryPolicy
 from datamount.storage import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, forbidden, throttled
 from datamount.storage.memory import MemoryStore
+from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import Downloader, DownloadOptions
 from datamount.transfer.upload import Uploader, UploadOptions, block_id
 

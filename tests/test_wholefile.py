@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from datamount.blocks import ObjectId
-from datamount.reader import DirectReader, ReadHandle
-from datamount.retry import RetryPolicy
+from datamount.read.blocks import ObjectId
+from datamount.read.reader import DirectReader, ReadHandle
+from datamount.read.wholefile import WholeFileReader, entry_name
 from datamount.storage.base import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, forbidden
 from datamount.storage.memory import MemoryStore
+from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import DownloadOptions
-from datamount.wholefile import WholeFileReader, entry_name
 from test_reader_fakes import GatedStore, object_id, source, wait_for
 
 RANGE = 4096

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from datamount.credentials import CredentialKind
 from datamount.errors import WorkspaceError
-from datamount.location import StorageKind
+from datamount.storage.credentials import CredentialKind
+from datamount.storage.location import StorageKind
 from datamount.uris import parse
 from datamount.workspace import Workspace, find_workspace, version_key
 

@@ -27,19 +27,19 @@ from datamount.errors import (
     StorageError,
     UriError,
 )
-from datamount.location import StorageKind, StorageLocation
 from datamount.log import activity
-from datamount.retry import RetryPolicy
 from datamount.settings import Settings
 from datamount.spec import DataInput, DataType, JobSpec, load_spec
 from datamount.storage import ObjectStore, open_store
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import Downloader, DownloadOptions, DownloadResult
 from datamount.transfer.progress import Progress
 from datamount.uris import LocationKind, parse
 from datamount.workspace import Workspace, find_workspace
 
 if TYPE_CHECKING:  # imported where used: `download` starts faster without them
-    from datamount import outputs
+    from datamount.mount import outputs
     from datamount.transfer.upload import UploadResult
 
 log = logging.getLogger("datamount.app")
@@ -261,7 +261,7 @@ def eval_download(
     location = resolve_entry(spec, entry, workspace)
     retry = make_retry(settings)
     with activity("eval_download", source=f"inputs.{entry.name}"):
-        from datamount import evalmode  # MLTable support (numpy, pyarrow): only when used
+        from datamount.mltable import evalmode  # MLTable support (numpy, pyarrow): only when used
 
         store = evalmode.evaluated_store(
             location, workspace, lambda loc: make_store(settings, loc, retry)
@@ -357,7 +357,7 @@ def upload(
 
 def prepare_upload_output(ctx: Context, spec: JobSpec, entry: DataInput, folder: Path) -> Path:
     """An upload output: an empty local folder now, uploaded at `unmount`."""
-    from datamount import mountd, outputs
+    from datamount.mount import control, outputs
 
     if entry.direction != "output":
         raise SpecError(f"inputs.{entry.name}: upload is an output mode")
@@ -372,7 +372,7 @@ def prepare_upload_output(ctx: Context, spec: JobSpec, entry: DataInput, folder:
     if entry.type is DataType.URI_FILE:
         file_name = location.key.rstrip("/").rpartition("/")[2] or entry.name
     record = outputs.UploadOutput(
-        mountpoint=mountd.mount_key(folder),
+        mountpoint=control.mount_key(folder),
         spec=str(spec.source.resolve()),
         output=entry.name,
         workspace=str(workspace.source.resolve()) if workspace.source else None,
@@ -404,7 +404,7 @@ def finish_upload_output(
 ) -> str:
     """Upload what the job wrote, register the asset (unless `register` is
     False), empty the local folder."""
-    from datamount import outputs
+    from datamount.mount import outputs
 
     if record.workspace and not ctx.workspace_flag:
         ctx = dataclasses.replace(ctx, workspace_flag=record.workspace)

@@ -381,7 +381,7 @@ def _run_job(args: argparse.Namespace) -> int:
 
 
 def _status(ctx: app.Context, args: argparse.Namespace) -> None:
-    from datamount import status
+    from datamount.mount import status
 
     entries = status.collect(ctx.settings.cache_dir)
     for entry in entries:

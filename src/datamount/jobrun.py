@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from datamount import app, mountd, mounting, outputs
+from datamount import app, mounting
 from datamount.errors import (
     EXIT_DATA,
     EXIT_OK,
@@ -43,6 +43,7 @@ from datamount.errors import (
     SpecError,
 )
 from datamount.log import activity
+from datamount.mount import control, outputs
 from datamount.spec import REFERENCE, DataInput, JobSpec, LiteralInput, Mode
 from datamount.workspace import Workspace
 
@@ -406,8 +407,8 @@ def cleanup(workdir: Path, cache_dir: Path, *, remove: bool, keep_logs: bool) ->
     then, and the returned line says why."""
     if not remove:
         return None
-    root = mountd.mount_key(workdir)
-    mounted = [m.mountpoint for m in mountd.mounts() if m.mountpoint.startswith(root + "/")]
+    root = control.mount_key(workdir)
+    mounted = [m.mountpoint for m in control.mounts() if m.mountpoint.startswith(root + "/")]
     if mounted:
         return f"kept {workdir}: still mounted there: {', '.join(mounted)}"
     pending = outputs.pending_under(cache_dir, workdir)

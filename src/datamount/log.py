@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from datamount.credentials import Secret
+from datamount.storage.credentials import Secret
 
 CAPABILITY_LOG = "data-capability.log"
 RUNTIME_LOG = "datamount-runtime.log"

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datamount import mountd, outputs
 from datamount.app import (
     Context,
     download,
@@ -29,7 +28,6 @@ from datamount.app import (
     prepare_upload_output,
     resolve_entry,
 )
-from datamount.daemon import DaemonConfig, MountDaemon
 from datamount.errors import (
     DataError,
     DatamountError,
@@ -41,16 +39,18 @@ from datamount.errors import (
 )
 from datamount.fs.namespace import Namespace
 from datamount.fs.ops import ReadOnlyFS
-from datamount.location import StorageKind, StorageLocation
 from datamount.log import RUNTIME_LOG, activity
-from datamount.reader import Reader
-from datamount.readstack import build_reader
-from datamount.retry import RetryPolicy
+from datamount.mount import control, outputs
+from datamount.mount.daemon import DaemonConfig, MountDaemon
+from datamount.mount.stack import build_reader
+from datamount.read.reader import Reader
+from datamount.read.stats import MountStats
 from datamount.settings import Settings
 from datamount.spec import DataInput, DataType, JobSpec, Mode
-from datamount.stats import MountStats
 from datamount.storage import ObjectStore
 from datamount.storage.base import ListPage
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
 from datamount.transfer.progress import Progress
 from datamount.workspace import Workspace
 
@@ -78,12 +78,12 @@ def mount(
     `ready_fd` is set in the spawned daemon: its handshake pipe to `mount`.
     `progress` is entered here, around a download only.
     """
-    readiness = mountd.Readiness(ready_fd)
+    readiness = control.Readiness(ready_fd)
     launch = _Launch(foreground, daemon_argv, readiness, on_ready)
     try:
         spec = ctx.load_spec(spec_path)
         entry = spec.entry(name)
-        mountpoint = Path(mountd.mount_key(mountpoint))  # every mode prints an absolute path
+        mountpoint = Path(control.mount_key(mountpoint))  # every mode prints an absolute path
         if entry.mode is Mode.DOWNLOAD:
             # Progress reporting runs for the download only, not for a mount's lifetime.
             with progress if progress is not None else contextlib.nullcontext():
@@ -121,7 +121,7 @@ class _Launch:
 
     foreground: bool
     daemon_argv: list[str] | None
-    readiness: mountd.Readiness
+    readiness: control.Readiness
     on_ready: Callable[[Path], None] | None
 
     def spawn(self, ctx: Context, mountpoint: Path, what: str) -> int:
@@ -130,7 +130,7 @@ class _Launch:
         if self.daemon_argv is None:
             raise DatamountError("mount: no daemon command to start")
         log_file = ctx.settings.log_dir / RUNTIME_LOG
-        pid = mountd.spawn(self.daemon_argv, mountpoint=mountpoint, log_file=log_file,
+        pid = control.spawn(self.daemon_argv, mountpoint=mountpoint, log_file=log_file,
                            env=ctx.environ)  # fmt: skip
         log.info("%s at %s (daemon pid %d)", what, mountpoint, pid)
         return pid
@@ -150,7 +150,7 @@ def _ro_mount(
     MLTable's files (evalmode.evaluated_store), evaluated by the process that
     serves the mount (a failure comes back through the start-up handshake)."""
     settings = ctx.settings
-    mountpoint = Path(mountd.mount_key(mountpoint))
+    mountpoint = Path(control.mount_key(mountpoint))
     workspace = ctx.load_workspace(required=False) or Workspace.empty()
     location = resolve_entry(spec, entry, workspace)
     is_file = entry.type is DataType.URI_FILE
@@ -161,7 +161,7 @@ def _ro_mount(
     with contextlib.ExitStack() as cleanup:
         recorder = activity("mount", input=label, mountpoint=mountpoint, mode=entry.mode.value)
         with recorder if recording else contextlib.nullcontext():
-            mountd.prepare_mountpoint(mountpoint, settings.cache_dir)
+            control.prepare_mountpoint(mountpoint, settings.cache_dir)
             retry = make_retry(settings)
             store: ObjectStore | None = None
             if not evaluated:
@@ -176,7 +176,7 @@ def _ro_mount(
                 return path
             root: str | None = None
             if store is None:
-                from datamount import evalmode  # numpy, pyarrow: only when used
+                from datamount.mltable import evalmode  # numpy, pyarrow: only when used
 
                 store = evalmode.evaluated_store(
                     location, workspace, lambda loc: make_store(settings, loc, retry)
@@ -213,7 +213,7 @@ def _rw_mount(
         rw = ctx.settings.model_copy(update={"attribute_cache_ttl_ms": RW_ATTRIBUTE_TTL_MS})
         ctx = dataclasses.replace(ctx, settings=rw)
     settings = ctx.settings
-    mountpoint = Path(mountd.mount_key(mountpoint))
+    mountpoint = Path(control.mount_key(mountpoint))
     workspace = ctx.load_workspace(required=False) or Workspace.empty()
     location = resolve_entry(spec, entry, workspace)
     if location.kind is StorageKind.HTTP:
@@ -226,7 +226,7 @@ def _rw_mount(
     with contextlib.ExitStack() as cleanup:
         recorder = activity("mount", output=label, mountpoint=mountpoint)
         with recorder if recording else contextlib.nullcontext():
-            mountd.prepare_mountpoint(mountpoint, settings.cache_dir)
+            control.prepare_mountpoint(mountpoint, settings.cache_dir)
             retry = make_retry(settings)
             store = make_store(settings, location, retry)
             cleanup.callback(store.close)
@@ -239,7 +239,7 @@ def _rw_mount(
                 launch.spawn(ctx, mountpoint, f"rw-mounted {location.uri()}")
                 return path
             from datamount.fs.writable import WritableFS  # rw only: ro daemons start faster
-            from datamount.writeback import WriteBack, WriteBackOptions
+            from datamount.write.writeback import WriteBack, WriteBackOptions
 
             stats = MountStats()
             reader = make_reader(settings, store, stats, location)
@@ -359,9 +359,9 @@ def _daemon(
     recorded in its state so that `unmount` can name what a dead daemon left."""
     settings = ctx.settings
     name = _safe_name(entry.name)
-    stats_file = mountd.stats_path(settings.log_dir, entry.name, mountpoint)
+    stats_file = control.stats_path(settings.log_dir, entry.name, mountpoint)
     uri = location.uri()
-    state = mountd.MountState(
+    state = control.MountState(
         pid=os.getpid(),
         mountpoint=str(mountpoint),
         spec=str(spec.source or ""),
@@ -380,7 +380,7 @@ def _daemon(
         # One FUSE worker per concurrent storage read, at least libfuse's 10.
         max_threads=max(16, settings.read_threads),
         state=state,
-        state_file=mountd.state_file(settings.cache_dir, mountpoint),
+        state_file=control.state_file(settings.cache_dir, mountpoint),
         stats_file=stats_file,
         allow_other=os.geteuid() == 0,
     )
@@ -406,7 +406,7 @@ def unmount(
     """Drain and unmount a mount, or upload an upload output (registering its
     asset unless `register` is False); returns what was done."""
     settings = ctx.settings
-    mountpoint = Path(mountd.mount_key(mountpoint))
+    mountpoint = Path(control.mount_key(mountpoint))
     if outputs.read_record(settings.cache_dir, mountpoint) is not None:
         with outputs.claimed(settings.cache_dir, mountpoint) as record:
             if record is None:
@@ -417,6 +417,6 @@ def unmount(
         return how
     wait = settings.unmount_timeout_seconds if timeout is None else timeout
     with activity("unmount", mountpoint=mountpoint):
-        how = mountd.unmount(mountpoint, cache_dir=settings.cache_dir, timeout=wait)
+        how = control.unmount(mountpoint, cache_dir=settings.cache_dir, timeout=wait)
     log.info("unmount %s: %s", mountpoint, how)
     return how

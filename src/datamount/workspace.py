@@ -18,10 +18,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from datamount.credentials import Credential, CredentialKind
 from datamount.errors import UriError, WorkspaceError
-from datamount.location import StorageKind, StorageLocation
 from datamount.log import register_secret
+from datamount.storage.credentials import Credential, CredentialKind
+from datamount.storage.location import StorageKind, StorageLocation
 from datamount.uris import DEFAULT_SUFFIX, Location, LocationKind, parse
 
 DEFAULT_WORKSPACE = Path("configs/workspace.yaml")

@@ -38,11 +38,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from datamount.blocks import ObjectId
 from datamount.errors import ObjectNotFound, VersionChanged
 from datamount.fs.namespace import Attrs, Namespace
-from datamount.reader import Reader, ReadHandle
-from datamount.staging import Leftovers
+from datamount.read.blocks import ObjectId
+from datamount.read.reader import Reader, ReadHandle
+from datamount.write.journal import Leftovers
 
 T = TypeVar("T")
 

@@ -28,10 +28,10 @@ import errno
 import os
 import threading
 
-from datamount.blocks import ObjectId
 from datamount.fs.namespace import Attrs, Namespace, split
-from datamount.reader import Reader
-from datamount.writeback import Staged, WriteBack
+from datamount.read.blocks import ObjectId
+from datamount.read.reader import Reader
+from datamount.write.writeback import Staged, WriteBack
 
 
 def _error(code: int, what: str) -> OSError:

@@ -59,9 +59,9 @@ from datamount.fs.folders import Folders, folders_for
 from datamount.fs.namespace import Attrs, Namespace, split
 from datamount.fs.ops import NAME_MAX, Opened, ReadOnlyFS, _DirStream, _error
 from datamount.fs.staged import StagedFiles
-from datamount.reader import Reader
-from datamount.staging import Leftovers
-from datamount.writeback import Staged, WriteBack
+from datamount.read.reader import Reader
+from datamount.write.journal import Leftovers
+from datamount.write.writeback import Staged, WriteBack
 
 log = logging.getLogger("datamount.fs.writable")
 

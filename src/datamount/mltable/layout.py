@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from datamount.errors import DataError
-from datamount.location import StorageKind, StorageLocation
 from datamount.mltable.model import MLTable
+from datamount.storage.location import StorageKind, StorageLocation
 
 
 @dataclass(frozen=True)

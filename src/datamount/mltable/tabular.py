@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datamount.errors import DataError
-from datamount.location import StorageLocation
 from datamount.mltable import convert, expr, readers
 from datamount.mltable.evaluate import (
     StoreFactory,
@@ -41,6 +40,7 @@ from datamount.mltable.patterns import PartitionFormat
 from datamount.mltable.readers import Chunk
 from datamount.mltable.wsarg import WorkspaceArg, workspace_source
 from datamount.storage import open_store
+from datamount.storage.location import StorageLocation
 
 
 def default_store_factory(location: StorageLocation) -> Any:

@@ -9,9 +9,9 @@ Imports `location`, `retry` and the modules of this package.
 
 from __future__ import annotations
 
-from datamount.location import StorageKind, StorageLocation
-from datamount.retry import RetryPolicy
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
 
 __all__ = ["ListPage", "ObjectInfo", "ObjectStore", "open_store"]
 

@@ -65,10 +65,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from datamount.credentials import Credential, CredentialKind
 from datamount.errors import StorageError
-from datamount.location import StorageLocation
-from datamount.retry import RetryPolicy
 from datamount.storage.azure_clients import (
     DEFAULT_READ_TIMEOUT,
     SdkClients,
@@ -87,7 +84,10 @@ from datamount.storage.azure_list import (
     quoted_etag,
 )
 from datamount.storage.base import ListPage, ObjectInfo, check_range
+from datamount.storage.credentials import Credential, CredentialKind
 from datamount.storage.errors import translate
+from datamount.storage.location import StorageLocation
+from datamount.storage.retry import RetryPolicy
 
 __all__ = ["AzureBlobStore", "account_of"]
 

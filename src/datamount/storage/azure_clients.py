@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from datamount.credentials import Credential, CredentialKind
 from datamount.errors import AccessDenied
 from datamount.storage.azure_auth import Anonymous, Auth, BearerAuth, SasAuth, SharedKeyAuth
 from datamount.storage.azure_raw import RawClient
+from datamount.storage.credentials import Credential, CredentialKind
 
 if TYPE_CHECKING:
     import requests

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from datamount.errors import AccessDenied, ObjectNotFound, StorageError
-from datamount.retry import RetryPolicy
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore
+from datamount.storage.retry import RetryPolicy
 
 T = TypeVar("T")
 ErrorFactory = Callable[[], BaseException]

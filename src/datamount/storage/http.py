@@ -29,9 +29,9 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from datamount.errors import ObjectNotFound, StorageError, VersionChanged
-from datamount.retry import RetryPolicy
 from datamount.storage.base import ListPage, ObjectInfo, check_range
 from datamount.storage.errors import error_for_status, translate
+from datamount.storage.retry import RetryPolicy
 
 CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 30.0  # seconds without a byte before a request is abandoned

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from datamount.blocks import BlockKey
+from datamount.read.blocks import BlockKey
 
 
 class BlockCache(Protocol):

@@ -44,9 +44,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import cast
 
-from datamount.blocks import ObjectId
 from datamount.errors import DatamountError, StorageError, VersionChanged
-from datamount.reader import Reader, ReadHandle
+from datamount.read.blocks import ObjectId
+from datamount.read.reader import Reader, ReadHandle
 from datamount.storage.base import ObjectInfo, ObjectStore
 from datamount.transfer.download import Downloader, DownloadOptions, disk_free
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 
-from datamount.blocks import BlockKey
-from datamount.cache.base import BlockCache
-from datamount.stats import MountStats
+from datamount.read.blocks import BlockKey
+from datamount.read.cache.base import BlockCache
+from datamount.read.stats import MountStats
 
-log = logging.getLogger("datamount.cache.tiered")
+log = logging.getLogger("datamount.read.cache.tiered")
 
 
 class TieredCache:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import quote, urlsplit
 
-from datamount.credentials import Credential
+from datamount.storage.credentials import Credential
 
 DEFAULT_SUFFIX = "core.windows.net"
 

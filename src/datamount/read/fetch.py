@@ -52,11 +52,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 
-from datamount.blocks import BlockKey, block_span
-from datamount.cache.base import BlockCache
 from datamount.errors import StorageError
-from datamount.prefetch.scheduler import Scheduler, SchedulerClosed, Ticket
-from datamount.stats import MountStats
+from datamount.read.blocks import BlockKey, block_span
+from datamount.read.cache.base import BlockCache
+from datamount.read.prefetch.scheduler import Scheduler, SchedulerClosed, Ticket
+from datamount.read.stats import MountStats
 from datamount.storage.base import ObjectStore
 
 log = logging.getLogger("datamount.fetch")

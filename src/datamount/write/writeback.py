@@ -50,7 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datamount.errors import OutputError
-from datamount.staging import (
+from datamount.storage.base import ObjectStore
+from datamount.transfer.progress import Progress
+from datamount.transfer.upload import BLOCK_SIZE, Uploader, UploadOptions
+from datamount.write.journal import (
     ABANDONED,
     CLOSED,
     FAILED,
@@ -59,9 +62,6 @@ from datamount.staging import (
     Leftovers,
     classify,
 )
-from datamount.storage.base import ObjectStore
-from datamount.transfer.progress import Progress
-from datamount.transfer.upload import BLOCK_SIZE, Uploader, UploadOptions
 
 log = logging.getLogger("datamount.writeback")
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from datamount.errors import DataError, DatamountError, OutputError
-from datamount.staging import Leftovers, died_message
+from datamount.write.journal import Leftovers, died_message
 
 if TYPE_CHECKING:
     pass

@@ -31,9 +31,9 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
-from datamount.blocks import BlockKey, ObjectId, block_count, blocks_for
-from datamount.fetch import BlockFetcher
-from datamount.prefetch.policy import PrefetchPolicy
+from datamount.read.blocks import BlockKey, ObjectId, block_count, blocks_for
+from datamount.read.fetch import BlockFetcher
+from datamount.read.prefetch.policy import PrefetchPolicy
 from datamount.storage.base import ObjectStore
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from datamount.errors import DataError
-from datamount.mountd import find_mount, mount_key, state_file
+from datamount.mount.control import find_mount, mount_key, state_file
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from datamount.location import StorageLocation
 from datamount.mltable.evaluate import MLTABLE_FILE, StoreFactory, Stores, evaluate_table
 from datamount.storage.filelist import FileListStore, ListedFile
+from datamount.storage.location import StorageLocation
 from datamount.workspace import Workspace
 
 log = logging.getLogger("datamount.evalmode")

@@ -69,10 +69,10 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 
-from datamount.blocks import BlockKey, ObjectId
-from datamount.stats import MountStats
+from datamount.read.blocks import BlockKey, ObjectId
+from datamount.read.stats import MountStats
 
-log = logging.getLogger("datamount.cache.disk")
+log = logging.getLogger("datamount.read.cache.disk")
 
 MAGIC = b"DMBLOCK\n"
 FORMAT_VERSION = 1

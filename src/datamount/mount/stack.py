@@ -12,19 +12,19 @@ import hashlib
 import logging
 from collections.abc import Callable
 
-from datamount.blocks import ObjectId
-from datamount.cache.base import BlockCache, NoCache
-from datamount.cache.disk import DiskCache
-from datamount.cache.memory import MemoryCache
-from datamount.cache.tiered import TieredCache
-from datamount.fetch import BlockFetcher
-from datamount.prefetch.scheduler import Scheduler
-from datamount.reader import BlockReader, Reader, ReadHandle
+from datamount.read.blocks import ObjectId
+from datamount.read.cache.base import BlockCache, NoCache
+from datamount.read.cache.disk import DiskCache
+from datamount.read.cache.memory import MemoryCache
+from datamount.read.cache.tiered import TieredCache
+from datamount.read.fetch import BlockFetcher
+from datamount.read.prefetch.scheduler import Scheduler
+from datamount.read.reader import BlockReader, Reader, ReadHandle
+from datamount.read.stats import MountStats
+from datamount.read.wholefile import WholeFileReader
 from datamount.settings import Settings
-from datamount.stats import MountStats
 from datamount.storage.base import ObjectStore
 from datamount.transfer.download import DownloadOptions
-from datamount.wholefile import WholeFileReader
 
 log = logging.getLogger("datamount.readstack")
 

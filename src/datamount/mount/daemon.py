@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 from datamount.errors import DataError
 from datamount.log import activity
-from datamount.staging import Leftovers
+from datamount.write.journal import Leftovers
 
 if TYPE_CHECKING:
     from datamount.fs.fuse_adapter import Adapter
     from datamount.fs.ops import ReadOnlyFS
 
-from datamount.mountd import (
+from datamount.mount.control import (
     EXIT_WAIT,
     POLL,
     READAHEAD_KB,

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from datamount import mountd, outputs
+from datamount.mount import control, outputs
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,12 @@ class Entry:
         return asdict(self)
 
 
-def _mount_state(state: mountd.MountState) -> str:
+def _mount_state(state: control.MountState) -> str:
     point = Path(state.mountpoint)
-    alive = mountd.alive(state.pid)
-    if mountd.is_stale(point):
+    alive = control.alive(state.pid)
+    if control.is_stale(point):
         return "stale (daemon gone; the next mount clears it)"
-    if mountd.find_mount(point) is None:
+    if control.find_mount(point) is None:
         return "not mounted" + ("" if alive else " (daemon gone)")
     return "serving" if alive else "mounted, daemon gone"
 
@@ -58,7 +58,7 @@ def collect(cache_dir: Path) -> list[Entry]:
     found: list[Entry] = []
     for path in sorted((cache_dir / "mounts").glob("*.json")):
         try:
-            state = mountd.MountState(**json.loads(path.read_text()))
+            state = control.MountState(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
         found.append(

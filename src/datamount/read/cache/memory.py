@@ -19,8 +19,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from datamount.blocks import BlockKey
-from datamount.stats import MountStats
+from datamount.read.blocks import BlockKey
+from datamount.read.stats import MountStats
 
 
 class MemoryCache:

@@ -1,0 +1,1 @@
+"""The read path under a mount: block fetcher, readers, cache tiers, prefetch."""

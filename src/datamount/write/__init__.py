@@ -1,0 +1,1 @@
+"""The write path under an rw_mount: the staging journal and the write-back uploader."""
