@@ -52,6 +52,7 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo: setup
 	$(BIN)/python scripts/demo.py

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from datamount.errors import DataError, DatamountError
-from datamount.mount import control
+from datamount.mount import control, table
 
 
 def test_mountinfo_parsing_unescapes_paths(tmp_path: Path) -> None:
@@ -22,8 +22,8 @@ def test_mountinfo_parsing_unescapes_paths(tmp_path: Path) -> None:
         "90 22 0:45 / /tmp/with\\040space/mnt rw,nosuid,nodev shared:1 - fuse.datamount "
         "datamount:train ro,user_id=0\n"
     )
-    entries = control.mounts(info)
-    assert entries[1] == control.MountEntry(
+    entries = table.mounts(info)
+    assert entries[1] == table.MountEntry(
         "/tmp/with space/mnt", "fuse.datamount", "datamount:train", "0:45"
     )
     assert entries[0].fstype == "proc"

@@ -21,7 +21,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from datamount import __version__, app
+from datamount import __version__
+from datamount.context import Context, resolve, validate
 from datamount.errors import EXIT_FAILURE, EXIT_OK, DataError, DatamountError, StorageError
 from datamount.log import setup_logging, shutdown_logging
 from datamount.settings import Settings
@@ -127,10 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="FUSE mounts: serve the mount in this process until it is unmounted or signalled",
     )
-    # Internal: the daemon's end of the start-up handshake with `mount`, and
-    # the unique name of the `run` that started it (default output paths).
-    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--run-name", help=argparse.SUPPRESS)
 
     p = sub.add_parser(
         "unmount",
@@ -195,8 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DatamountError as exc:
         return _fail(exc)
     _start_logging(settings, args.command)
-    run_name = getattr(args, "run_name", None)
-    ctx = app.Context(settings, dict(os.environ), Path.cwd(), args.workspace, run_name)
+    ctx = Context(settings, dict(os.environ), Path.cwd(), args.workspace)
     return _guarded(args.command, settings, lambda: _run(ctx, args))
 
 
@@ -226,7 +222,7 @@ def _guarded(command: str, settings: Settings, body: Callable[[], int]) -> int:
         shutdown_logging()
 
 
-def _run(ctx: app.Context, args: argparse.Namespace) -> int:
+def _run(ctx: Context, args: argparse.Namespace) -> int:
     commands = {
         "validate": _validate,
         "resolve": _resolve,
@@ -240,8 +236,8 @@ def _run(ctx: app.Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _validate(ctx: app.Context, args: argparse.Namespace) -> None:
-    result = app.validate(ctx, Path(args.spec))
+def _validate(ctx: Context, args: argparse.Namespace) -> None:
+    result = validate(ctx, Path(args.spec))
     spec = result.spec
     checked = (
         f"datastores and assets checked against {result.workspace_checked}"
@@ -254,14 +250,16 @@ def _validate(ctx: app.Context, args: argparse.Namespace) -> None:
     )
 
 
-def _resolve(ctx: app.Context, args: argparse.Namespace) -> None:
-    for _name, uri in app.resolve(ctx, args.spec, args.input):
+def _resolve(ctx: Context, args: argparse.Namespace) -> None:
+    for _name, uri in resolve(ctx, args.spec, args.input):
         print(uri)
 
 
-def _download(ctx: app.Context, args: argparse.Namespace) -> None:
+def _download(ctx: Context, args: argparse.Namespace) -> None:
+    from datamount.modes import transfer
+
     with _progress("download") as progress:
-        result = app.download(
+        result = transfer.download(
             ctx, args.source, Path(args.dest), name=args.input,
             overwrite=args.overwrite, progress=progress,
         )  # fmt: skip
@@ -270,9 +268,11 @@ def _download(ctx: app.Context, args: argparse.Namespace) -> None:
                    result.skipped_files, "already complete"), file=sys.stderr)  # fmt: skip
 
 
-def _upload(ctx: app.Context, args: argparse.Namespace) -> None:
+def _upload(ctx: Context, args: argparse.Namespace) -> None:
+    from datamount.modes import transfer
+
     with _progress("upload") as progress:
-        result = app.upload(
+        result = transfer.upload(
             ctx, Path(args.src), args.dest, name=args.output,
             overwrite=args.overwrite, progress=progress,
         )  # fmt: skip
@@ -280,8 +280,8 @@ def _upload(ctx: app.Context, args: argparse.Namespace) -> None:
                    result.skipped_files, "unchanged"), file=sys.stderr)  # fmt: skip
 
 
-def _mount(ctx: app.Context, args: argparse.Namespace) -> None:
-    from datamount import mounting
+def _mount(ctx: Context, args: argparse.Namespace) -> None:
+    from datamount import modes
 
     printed: list[Path] = []
 
@@ -289,39 +289,15 @@ def _mount(ctx: app.Context, args: argparse.Namespace) -> None:
         print(path, flush=True)
         printed.append(path)
 
-    path = mounting.mount(
-        ctx, Path(args.spec), Path(args.mountpoint), name=args.input,
-        progress=_progress("download"),  # entered by the app for a download only
-        foreground=args.foreground or args.ready_fd is not None,
-        daemon_argv=_daemon_argv(ctx, args), ready_fd=args.ready_fd, on_ready=ready,
-    )  # fmt: skip
+    spec = ctx.load_spec(Path(args.spec))
+    how = modes.How(
+        progress=_progress("download"),  # entered around a download only
+        foreground=args.foreground,
+        on_ready=ready,
+    )
+    path = modes.prepare(ctx, spec, spec.entry(args.input), Path(args.mountpoint), how)
     if not printed:
         print(path)
-
-
-def _daemon_argv(ctx: app.Context, args: argparse.Namespace) -> list[str]:
-    return _mount_argv(ctx, Path(args.spec), Path(args.mountpoint), args.input)
-
-
-def _mount_argv(ctx: app.Context, spec: Path, mountpoint: Path, name: str | None) -> list[str]:
-    """The command line of a background mount daemon: `mount` in the
-    foreground, with every path absolute (the daemon runs in '/')."""
-    settings = ctx.settings
-    argv = [
-        sys.executable, "-m", "datamount.cli", "mount",
-        str((ctx.cwd / spec).resolve()), os.path.abspath(ctx.cwd / mountpoint),
-        "--foreground",
-        "--cache-dir", str((ctx.cwd / settings.cache_dir).resolve()),
-        "--log-dir", str((ctx.cwd / settings.log_dir).resolve()),
-    ]  # fmt: skip
-    if name:
-        argv += ["--input", name]
-    if ctx.run_name:
-        argv += ["--run-name", ctx.run_name]
-    workspace = ctx.workspace_path()
-    if ctx.workspace_is_explicit() or workspace.exists():
-        argv += ["--workspace", str((ctx.cwd / workspace).resolve())]
-    return argv
 
 
 def _run_job(args: argparse.Namespace) -> int:
@@ -334,7 +310,7 @@ def _run_job(args: argparse.Namespace) -> int:
         spec = load_spec(Path(args.job), run_name=run_name)
         env = {**os.environ, **spec.environment_variables}
         settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
-        jobrun.check(app.Context(settings, env, Path.cwd(), args.workspace, run_name), spec)
+        jobrun.check(Context(settings, env, Path.cwd(), args.workspace, run_name), spec)
     except DatamountError as exc:
         return _fail(exc)
     temporary = args.workdir is None
@@ -349,7 +325,7 @@ def _run_job(args: argparse.Namespace) -> int:
     log_dir = args.log_dir or workdir / "system_logs" / "data_capability"
     settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=log_dir)
     _start_logging(settings, "run")
-    ctx = app.Context(settings, env, Path.cwd(), args.workspace, run_name)
+    ctx = Context(settings, env, Path.cwd(), args.workspace, run_name)
 
     def say(line: str) -> None:
         # A closed stderr (a pipe to `head`, a hung-up terminal) must never
@@ -360,13 +336,7 @@ def _run_job(args: argparse.Namespace) -> int:
             log.info("%s (stderr closed)", line)
 
     def body() -> int:
-        job = jobrun.JobRun(
-            ctx, spec, workdir, say=say,
-            daemon_argv=lambda entry, mountpoint: _mount_argv(
-                ctx, Path(args.job), mountpoint, entry.name
-            ),
-        )  # fmt: skip
-        return job.run()
+        return jobrun.JobRun(ctx, spec, workdir, say=say).run()
 
     code = _guarded("run", settings, body)
     keep_logs = code != EXIT_OK and temporary and not args.keep
@@ -380,7 +350,7 @@ def _run_job(args: argparse.Namespace) -> int:
     return code
 
 
-def _status(ctx: app.Context, args: argparse.Namespace) -> None:
+def _status(ctx: Context, args: argparse.Namespace) -> None:
     from datamount.mount import status
 
     entries = status.collect(ctx.settings.cache_dir)
@@ -390,10 +360,10 @@ def _status(ctx: app.Context, args: argparse.Namespace) -> None:
         print(f"{PROG}: nothing mounted (cache {ctx.settings.cache_dir})", file=sys.stderr)
 
 
-def _unmount(ctx: app.Context, args: argparse.Namespace) -> None:
-    from datamount import mounting
+def _unmount(ctx: Context, args: argparse.Namespace) -> None:
+    from datamount import modes
 
-    how = mounting.unmount(ctx, Path(args.mountpoint), timeout=args.timeout)
+    how = modes.finish(ctx, Path(args.mountpoint), timeout=args.timeout)
     print(f"{PROG}: {args.mountpoint}: {how}", file=sys.stderr)
 
 

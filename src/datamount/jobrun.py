@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from datamount import app, mounting
+from datamount import modes
+from datamount.context import Context, all_entries
 from datamount.errors import (
     EXIT_DATA,
     EXIT_OK,
@@ -43,22 +44,17 @@ from datamount.errors import (
     SpecError,
 )
 from datamount.log import activity
-from datamount.mount import control, outputs
+from datamount.modes.upload import register_output
+from datamount.mount import outputs, table
 from datamount.spec import REFERENCE, DataInput, JobSpec, LiteralInput, Mode
-from datamount.workspace import Workspace
 
 log = logging.getLogger("datamount.run")
 
-# Modes `run` can materialise in this build.
-INPUT_MODES = (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT, Mode.EVAL_DOWNLOAD, Mode.EVAL_MOUNT)
-OUTPUT_MODES = (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT)
 # Attempts to prepare one input when its failure is transient (each attempt
 # already retried every request AZUREML_DATASET_HTTP_RETRY_COUNT times).
 PREPARE_ATTEMPTS = 3
 PREPARE_BACKOFF = 2.0  # seconds before the 2nd attempt, doubled after
 LEFTOVER_GRACE = 5.0  # seconds the command's leftover processes get after SIGTERM
-
-DaemonArgv = Callable[[DataInput, Path], list[str]]
 
 
 @dataclass
@@ -70,22 +66,22 @@ class Prepared:
     mountpoint: Path | None = None  # a FUSE mount or an upload folder to finish
 
 
-def check(ctx: app.Context, spec: JobSpec) -> None:
+def check(ctx: Context, spec: JobSpec) -> None:
     """Everything that can be known before starting, all problems at once."""
     problems: list[str] = []
     if spec.shape != "command" or not spec.command:
         raise SpecError(f"{spec.source}: `run` needs an Azure ML command job (with 'command:')")
     workspace = ctx.load_workspace(required=False)
-    for entry in app.all_entries(spec):
+    for entry in all_entries(spec):
         where = f"{entry.direction}s.{entry.name}"
-        allowed = INPUT_MODES if entry.direction == "input" else OUTPUT_MODES
+        allowed = modes.modes_for(entry.direction)
         if entry.mode not in allowed:
             problems.append(
                 f"{where}.mode: {entry.mode.value} is not available in `run` yet "
                 f"(supported: {', '.join(m.value for m in allowed)})"
             )
         try:
-            app.resolve_entry(spec, entry, workspace or Workspace.empty())
+            ctx.resolve(spec, entry)
         except InvalidInput as exc:
             problems += exc.problems
         if entry.asset_name is not None and workspace is None:
@@ -104,7 +100,7 @@ def check(ctx: app.Context, spec: JobSpec) -> None:
     for asset in sorted({a for a in pinned if pinned.count(a) > 1}):
         problems.append(f"outputs: two outputs register data asset {asset}")
     try:  # every reference outside $[[...]] has a value (placeholders for data)
-        placeholders = {f"{e.direction}s.{e.name}": "x" for e in app.all_entries(spec)}
+        placeholders = {f"{e.direction}s.{e.name}": "x" for e in all_entries(spec)}
         literals = {
             f"inputs.{k}": "x"
             for k, v in spec.inputs.items()
@@ -168,17 +164,15 @@ class JobRun:
 
     def __init__(
         self,
-        ctx: app.Context,
+        ctx: Context,
         spec: JobSpec,
         workdir: Path,
         *,
-        daemon_argv: DaemonArgv,
         say: Callable[[str], None],
     ) -> None:
         self.ctx = ctx
         self.spec = spec
         self.workdir = workdir
-        self.daemon_argv = daemon_argv
         self.say = say
         self.prepared: list[Prepared] = []
         self._lock = threading.Lock()
@@ -264,21 +258,13 @@ class JobRun:
         started = time.monotonic()
         if entry.mode in (Mode.DOWNLOAD, Mode.EVAL_DOWNLOAD):
             folder.mkdir(parents=True, exist_ok=True)
-        path = mounting.mount(
-            self.ctx, self._spec_path(), folder, name=entry.name, progress=None,
-            daemon_argv=self.daemon_argv(entry, folder),
-        )  # fmt: skip
-        mounted = (Mode.RO_MOUNT, Mode.EVAL_MOUNT, Mode.RW_MOUNT, Mode.UPLOAD)
-        keep = folder if entry.mode in mounted else None
+        path = modes.prepare(self.ctx, self.spec, entry, folder)
+        keep = folder if modes.handler(entry.mode).keeps_folder else None
         prepared = Prepared(entry, str(path), keep)
         with self._lock:
             self.prepared.append(prepared)
         self.say(f"{where} ({entry.mode.value}): {path} [{time.monotonic() - started:.1f} s]")
         return prepared
-
-    def _spec_path(self) -> Path:
-        assert self.spec.source is not None
-        return self.spec.source
 
     def _values(self) -> dict[str, str]:
         values = {f"{p.entry.direction}s.{p.entry.name}": p.value for p in self.prepared}
@@ -372,10 +358,10 @@ class JobRun:
             try:
                 if item.mountpoint is not None:
                     # An upload output uploads (and registers) at its unmount.
-                    how = mounting.unmount(self.ctx, item.mountpoint, register=command_ok)
+                    how = modes.finish(self.ctx, item.mountpoint, register=command_ok)
                     self.say(f"{where}: {how}")
                 if command_ok and entry.mode is not Mode.UPLOAD:
-                    registered = app.register_output(self.ctx, self.spec, entry)
+                    registered = register_output(self.ctx, self.spec, entry)
                     if registered:
                         self.say(f"{where}: registered {registered}")
             except DatamountError as exc:
@@ -395,7 +381,7 @@ class JobRun:
                 outputs.finish(settings.cache_dir, record)
                 continue
             try:
-                mounting.unmount(self.ctx, item.mountpoint)
+                modes.finish(self.ctx, item.mountpoint)
             except DatamountError as exc:
                 log.warning("%s: unmount failed: %s", item.mountpoint, exc)
 
@@ -407,8 +393,8 @@ def cleanup(workdir: Path, cache_dir: Path, *, remove: bool, keep_logs: bool) ->
     then, and the returned line says why."""
     if not remove:
         return None
-    root = control.mount_key(workdir)
-    mounted = [m.mountpoint for m in control.mounts() if m.mountpoint.startswith(root + "/")]
+    root = table.mount_key(workdir)
+    mounted = [m.mountpoint for m in table.mounts() if m.mountpoint.startswith(root + "/")]
     if mounted:
         return f"kept {workdir}: still mounted there: {', '.join(mounted)}"
     pending = outputs.pending_under(cache_dir, workdir)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -137,6 +137,8 @@ class Workspace:
         self.source = source
         # The versions written in the workspace file itself (before registered ones).
         self._declared = {k: list(v) for k, v in config.data_assets.items()}
+        # The environment variables the file referenced as ${VAR} (secrets among them).
+        self.variables: frozenset[str] = frozenset()
 
     def declared_versions(self, name: str) -> list[AssetVersion]:
         return list(self._declared.get(name, []))
@@ -160,7 +162,8 @@ class Workspace:
         if not isinstance(data, dict):
             raise WorkspaceError(f"workspace file {path}: expected a mapping at the top level")
         problems: list[str] = []
-        expanded = _expand(data, environ, "", problems)
+        used: set[str] = set()
+        expanded = _expand(data, _Recording(environ, used), "", problems)
         if problems:
             raise WorkspaceError([f"workspace file {path}: {p}" for p in problems])
         try:
@@ -179,6 +182,7 @@ class Workspace:
         for account in config.accounts.values():
             _register(account.account_key, account.sas_token)
         workspace = cls(config, path)
+        workspace.variables = frozenset(used)
         workspace._merge_registered(registry_path(path, config))
         return workspace
 
@@ -361,6 +365,29 @@ def _register(*secrets: SecretStr | None) -> None:
     for secret in secrets:
         if secret is not None and secret.get_secret_value():
             register_secret(secret.get_secret_value())
+
+
+class _Recording(Mapping[str, str]):
+    """`environ`, noting which names were looked up."""
+
+    def __init__(self, environ: Mapping[str, str], used: set[str]) -> None:
+        self._environ = environ
+        self._used = used
+
+    def __getitem__(self, name: str) -> str:
+        self._used.add(name)
+        return self._environ[name]
+
+    def __contains__(self, name: object) -> bool:
+        if isinstance(name, str):
+            self._used.add(name)
+        return name in self._environ
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._environ)
+
+    def __len__(self) -> int:
+        return len(self._environ)
 
 
 def _expand(value: Any, environ: Mapping[str, str], where: str, problems: list[str]) -> Any:

@@ -1,16 +1,17 @@
-"""Mount points and the mount lifecycle seen from outside the daemon: the
-kernel's mount table, state files, mount point checks, the start-up handshake,
-unmounting. The daemon itself is `daemon.MountDaemon`.
+"""The mount lifecycle seen from outside the daemon: state files, mount
+point checks, the start-up handshake, unmounting (the kernel's mount table is
+mount.table; the daemon itself is mount.daemon).
 
 - `prepare_mountpoint`: a stale mount left by a crashed daemon (ENOTCONN) is
   cleared with `fusermount3 -uz`; a live mount or a non-empty directory is a
   clear error; a missing directory is created.
 - `spawn` (the `mount` command without --foreground): starts the daemon as a
-  new session with stdio to the runtime log and waits on a readiness pipe
-  until the daemon reports the mount answers (or its one-line error), then
-  checks /proc/self/mountinfo itself. The daemon records its pid, spec and
-  mount point in a state file under <cache>/mounts/. `Readiness` is the
-  daemon's end of that pipe.
+  new session with stdio to the runtime log, sends it its plan over the
+  start-up channel (a socket pair) and waits on the same channel until the
+  daemon reports the mount answers (or its one-line error), then checks
+  /proc/self/mountinfo itself. The daemon records its pid, spec and mount
+  point in a state file under <cache>/mounts/. `Readiness` is the daemon's
+  end of that channel.
 - `unmount` (the `unmount` command): retries `fusermount3 -u` until the mount
   is no longer busy or the timeout passes, then forces it (`fusermount3 -uz`)
   and ends the daemon; the daemon sees its loop end, logs its counters and
@@ -20,42 +21,45 @@ unmounting. The daemon itself is `daemon.MountDaemon`.
   fails the same way, naming what its staging journal (`MountState.staging`)
   still holds, or that writes in progress may be lost.
 
-Threads: none. Imports `errors`, `log`, `staging` (`Leftovers`, the journal).
+Threads: none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import json
 import logging
 import os
 import re
 import select
-import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from datamount.errors import DataError, DatamountError, OutputError
+from datamount.mount.table import (
+    FSTYPE,
+    POLL,
+    find_mount,
+    fusermount,
+    is_stale,
+    mount_key,
+    unmount_while_busy,
+)
 from datamount.write.journal import Leftovers, died_message
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("datamount.mountd")
 
-FSTYPE = "fuse.datamount"
 READY_TIMEOUT = 60.0  # a mount answers in well under a second; a loaded node may be slow
 STATS_INTERVAL = 5.0
 EXIT_WAIT = 10.0  # how long a daemon may take to log and exit once unmounted
-POLL = 0.1
 # Kernel readahead of the mount (its bdi): the kernel keeps up to this much in
 # flight in 1 MiB FUSE reads, so a sequential reader gets 4 concurrent requests
 # instead of one 128 KiB read at a time (the kernel's default).
@@ -69,77 +73,6 @@ class _Failed(DatamountError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-# -- the mount table ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    mountpoint: str
-    fstype: str
-    source: str
-    device: str  # "major:minor"
-
-
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
-    out = bytearray()
-    raw = field.encode("utf-8", "surrogateescape")
-    i = 0
-    while i < len(raw):
-        if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit():
-            out.append(int(raw[i + 1 : i + 4], 8))
-            i += 4
-        else:
-            out.append(raw[i])
-            i += 1
-    return out.decode("utf-8", "surrogateescape")
-
-
-def mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[MountEntry]:
-    entries = []
-    for line in mountinfo.read_text(encoding="utf-8", errors="surrogateescape").splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) >= 5 and len(tail) >= 2:
-            entries.append(MountEntry(_unescape(fields[4]), tail[0], _unescape(tail[1]), fields[2]))
-    return entries
-
-
-def mount_key(mountpoint: Path) -> str:
-    """The absolute, normalised form of a mount point (no stat: it may be stale)."""
-    return os.path.normpath(os.path.abspath(mountpoint))
-
-
-def find_mount(mountpoint: Path) -> MountEntry | None:
-    key = mount_key(mountpoint)
-    found = [m for m in mounts() if m.mountpoint == key]
-    return found[-1] if found else None  # the topmost of stacked mounts
-
-
-def is_stale(mountpoint: Path) -> bool:
-    """A FUSE mount whose daemon is gone (ENOTCONN). statfs always reaches the
-    daemon; a stat may be answered from the kernel's attribute cache."""
-    try:
-        os.statvfs(mountpoint)
-    except OSError as exc:
-        return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
-    return False
-
-
-def fusermount(mountpoint: Path, *, lazy: bool = False) -> tuple[bool, str]:
-    """`fusermount3 -u` (lazy: `-uz`, detach now, release when unused).
-    Returns (success, fusermount's message)."""
-    exe = shutil.which("fusermount3") or "/usr/bin/fusermount3"
-    flags = "-uz" if lazy else "-u"
-    try:
-        done = subprocess.run(
-            [exe, flags, mount_key(mountpoint)], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, str(exc)
-    return done.returncode == 0, done.stderr.strip()
 
 
 # -- processes and the state file ------------------------------------------------
@@ -205,11 +138,16 @@ def state_file(cache_dir: Path, mountpoint: Path) -> Path:
     return cache_dir / "mounts" / f"{digest[:16]}.json"
 
 
+def safe_name(name: str) -> str:
+    """An entry name made safe for file names and the mount's fsname."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "input"
+
+
 def stats_path(log_dir: Path, entry: str, mountpoint: Path) -> Path:
     """Where the daemon of `mountpoint` writes its counters: named after the
     entry and a short hash of the mount point, since two mounts may serve
     entries of the same name (every single-shape spec's is `input`)."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", entry) or "input"
+    safe = safe_name(entry)
     digest = hashlib.sha256(mount_key(mountpoint).encode("utf-8", "surrogateescape")).hexdigest()
     return log_dir / f"mount-stats-{safe}-{digest[:8]}.json"
 
@@ -279,30 +217,47 @@ def spawn(
     log_file: Path,
     env: Mapping[str, str] | None = None,
     timeout: float = READY_TIMEOUT,
+    plan: str | None = None,
 ) -> int:
-    """Start the daemon `argv` (+ `--ready-fd N`, environment `env`), wait
-    until it reports the mount ready, and return its pid. Raises the daemon's
-    error otherwise."""
+    """Start the daemon `argv` (+ `--ready-fd N`, environment `env`), send it
+    `plan` (one line) over the start-up channel, wait until it reports the
+    mount ready on the same channel, and return its pid. Raises the daemon's
+    error otherwise. The channel is a socket pair: nothing of the plan (which
+    holds credentials) is ever on a command line or in an environment."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    read_end, write_end = os.pipe()
-    try:
-        with open(log_file, "ab") as out:
-            proc = subprocess.Popen(
-                [*argv, "--ready-fd", str(write_end)],
-                pass_fds=(write_end,),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,  # survives the shell and its signals
-                cwd="/",  # holds no directory busy
-                env=dict(env) if env is not None else None,
-            )
-    finally:
-        os.close(write_end)
-    try:
-        line = _read_line(read_end, timeout)
-    finally:
-        os.close(read_end)
+    ours, theirs = socket.socketpair()
+    with ours:
+        try:
+            with open(log_file, "ab") as out:
+                proc = subprocess.Popen(
+                    [*argv, "--ready-fd", str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,  # survives the shell and its signals
+                    cwd="/",  # holds no directory busy
+                    env=dict(env) if env is not None else None,
+                )
+        finally:
+            theirs.close()
+        if plan is not None:
+            _send_line(ours, plan, timeout)
+        line = _read_line(ours.fileno(), timeout)
+    return _answered(proc, line, mountpoint=mountpoint, log_file=log_file, timeout=timeout)
+
+
+def _send_line(channel: socket.socket, text: str, timeout: float) -> None:
+    """A daemon that dies before reading is reported by its answer (or exit)."""
+    channel.settimeout(timeout)
+    with contextlib.suppress(OSError):
+        channel.sendall(text.encode() + b"\n")
+    channel.settimeout(None)
+
+
+def _answered(
+    proc: subprocess.Popen[bytes], line: str, *, mountpoint: Path, log_file: Path, timeout: float
+) -> int:
     log.info("mount daemon pid %d: %s", proc.pid, line or "no answer")
     message = json.loads(line) if line.startswith("{") else {}
     if message.get("ready"):
@@ -340,6 +295,11 @@ def _read_line(fd: int, timeout: float) -> str:
             break
         data += chunk
     return data.partition(b"\n")[0].decode("utf-8", "replace")
+
+
+def receive_line(fd: int, timeout: float = READY_TIMEOUT) -> str:
+    """The daemon's side: the one line the parent sends first."""
+    return _read_line(fd, timeout)
 
 
 class Readiness:
@@ -388,20 +348,14 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
         raise DataError(f"{mountpoint} is not mounted")
     if entry.fstype != FSTYPE:
         raise DataError(f"{mountpoint} is not a datamount mount ({entry.fstype})")
-    deadline = time.monotonic() + timeout
-    while True:
-        ok, message = fusermount(mountpoint)
-        if ok or find_mount(mountpoint) is None:
-            how = "unmounted"
-            break
-        if time.monotonic() >= deadline or "busy" not in message.lower():
-            log.warning("%s: %s; forcing the unmount", mountpoint, message)
-            fusermount(mountpoint, lazy=True)
-            if pid is not None:
-                os.kill(pid, signal.SIGTERM)  # detached: the daemon stops without draining
-            how = "forced (still busy)"
-            break
-        time.sleep(POLL)
+    gone, message = unmount_while_busy(mountpoint, time.monotonic() + timeout)
+    how = "unmounted"
+    if not gone:
+        log.warning("%s: %s; forcing the unmount", mountpoint, message)
+        fusermount(mountpoint, lazy=True)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)  # detached: the daemon stops without draining
+        how = "forced (still busy)"
     # An rw_mount daemon may spend up to the drain time on pending uploads.
     if pid is not None and not wait_exit(pid, EXIT_WAIT + timeout):
         log.warning("mount daemon %d did not exit; killing it", pid)

@@ -44,17 +44,15 @@ if TYPE_CHECKING:
 
 from datamount.mount.control import (
     EXIT_WAIT,
-    POLL,
     READAHEAD_KB,
     READY_TIMEOUT,
     STATS_INTERVAL,
     STOP_SIGNALS,
     MountState,
-    find_mount,
-    fusermount,
     unsaved_file,
     write_json,
 )
+from datamount.mount.table import POLL, find_mount, fusermount, unmount_while_busy
 
 log = logging.getLogger("datamount.daemon")
 
@@ -251,16 +249,12 @@ class MountDaemon:
             return
         if not self.fs.wait_idle(timeout):
             log.warning("%s: files still open after %.0f s", mp, timeout)
-        while True:
-            ok, message = fusermount(mp)
-            if ok or find_mount(mp) is None:
-                break
-            if time.monotonic() >= deadline:
-                log.warning("%s still busy after %.0f s (%s): forcing the unmount",
-                            mp, timeout, message)  # fmt: skip
-                self._force()
-                return
-            time.sleep(POLL)
+        gone, message = unmount_while_busy(mp, deadline)
+        if not gone:
+            log.warning("%s still busy after %.0f s (%s): forcing the unmount",
+                        mp, timeout, message)  # fmt: skip
+            self._force()
+            return
         if not self._ended.wait(EXIT_WAIT):
             self._force(detach=False)
         log.info("unmounted %s", mp)

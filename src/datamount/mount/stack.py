@@ -1,17 +1,28 @@
-"""Part of the composition root: wires the read path under a mount from
-Settings — store → BlockFetcher (single flight, two-lane Scheduler) →
-TieredCache (RAM LRU ▸ disk blocks) → BlockReader with adaptive prefetch, or
-the WholeFileReader over it when DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED is
-false. Called only by `app`; owns the threads it starts (scheduler workers,
-disk-cache writers) and stops them in `close()`.
+"""A mount's stack, built from its plan alone: store (or, for eval_mount,
+the evaluated MLTable's files as one store) → the read path → namespace →
+filesystem ops, plus write-back staging under an rw_mount.
+
+The read path, from Settings: BlockFetcher (single flight, two-lane
+Scheduler) → TieredCache (RAM LRU ▸ disk blocks) → BlockReader with adaptive
+prefetch, or the WholeFileReader over it when
+DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED is false.
+
+Threads: owns the threads it starts (scheduler workers, disk-cache writers,
+upload workers) and stops them in `Stack.close()`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+from datamount.fs.namespace import Namespace
+from datamount.fs.ops import ReadOnlyFS
+from datamount.mount.plan import MountPlan
 from datamount.read.blocks import ObjectId
 from datamount.read.cache.base import BlockCache, NoCache
 from datamount.read.cache.disk import DiskCache
@@ -23,7 +34,10 @@ from datamount.read.reader import BlockReader, Reader, ReadHandle
 from datamount.read.stats import MountStats
 from datamount.read.wholefile import WholeFileReader
 from datamount.settings import Settings
+from datamount.storage import store_for
 from datamount.storage.base import ObjectStore
+from datamount.storage.location import StorageLocation
+from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import DownloadOptions
 
 log = logging.getLogger("datamount.readstack")
@@ -110,3 +124,104 @@ def build_reader(
         budget,
     )
     return MountReader(reader, [scheduler.close, cache.close])
+
+
+# Attributes of an rw_mount expire after 2 s when DATASET_MOUNT_ATTRIBUTE_CACHE_TTL
+# is unset: other writers' changes show up soon; a mount's own writes
+# invalidate its caches at once.
+RW_ATTRIBUTE_TTL_MS = 2000
+
+
+def attribute_ttl(settings: Settings) -> float | None:
+    """DATASET_MOUNT_ATTRIBUTE_CACHE_TTL in seconds; None = never expires."""
+    ms = settings.attribute_cache_ttl_ms
+    return None if ms is None else ms / 1000.0
+
+
+def staging_folder(settings: Settings, location: StorageLocation) -> Path:
+    """Where an rw_mount of `location` stages writes: a new mount of the same
+    output with the same cache re-uploads what a previous one could not."""
+    digest = hashlib.sha256(location.uri().encode()).hexdigest()[:24]
+    return settings.cache_dir / "staging" / digest
+
+
+@dataclass
+class Stack:
+    """What a mount daemon serves, and everything to close after it."""
+
+    fs: ReadOnlyFS
+    stats: MountStats
+    retry: RetryPolicy
+    cleanup: contextlib.ExitStack
+
+    def close(self) -> None:
+        self.cleanup.close()
+
+
+def build(plan: MountPlan) -> Stack:
+    """The stack of `plan`: ro_mount, eval_mount or rw_mount."""
+    settings = plan.settings
+    location = plan.location
+    retry = RetryPolicy(retries=settings.http_retry_count)
+    cleanup = contextlib.ExitStack()
+    try:
+        root: str | None = None
+        store: ObjectStore
+        if plan.mode == "eval_mount":
+            from datamount.mltable import evalmode  # numpy, pyarrow: only when used
+
+            store = evalmode.listing_store(
+                plan.eval_files, plan.eval_text, lambda loc: store_for(settings, loc, retry)
+            )
+            root = ""  # the eval layout: <account>/<container>/<path>, MLTable
+        else:
+            store = store_for(settings, location, retry)
+        cleanup.callback(store.close)
+        stats = MountStats()
+        reader = build_reader(settings, store, stats, cache_key=location.uri())
+        cleanup.callback(reader.close)
+        namespace = Namespace(
+            store,
+            root if root is not None else "" if plan.is_file else location.key,
+            file_key=location.key if plan.is_file else None,
+            ttl=attribute_ttl(settings),
+        )
+        fs = _writable(plan, store, reader, namespace) if plan.staging else None
+        if fs is None:
+            fs = ReadOnlyFS(namespace, reader, store_id=location.store_root)
+        cleanup.callback(fs.close)
+    except BaseException:
+        cleanup.close()
+        raise
+    return Stack(fs, stats, retry, cleanup)
+
+
+def _writable(
+    plan: MountPlan, store: ObjectStore, reader: Reader, namespace: Namespace
+) -> ReadOnlyFS:
+    """rw_mount: the read-only stack plus write-back staging (fs.writable,
+    write.writeback); re-uploads what a previous mount left staged."""
+    from datamount.fs.writable import WritableFS  # rw only: ro daemons start faster
+    from datamount.write.writeback import WriteBack, WriteBackOptions
+
+    settings = plan.settings
+    assert plan.staging is not None
+    writeback = WriteBack(
+        store,
+        plan.staging,
+        WriteBackOptions(
+            threads=settings.downloader_threads,
+            reserved_free_disk_space=settings.reserved_free_disk_space,
+        ),
+    )
+    fs = WritableFS(namespace, reader, writeback, store_id=plan.location.store_root)
+    log.info(
+        "rw_mount %s at %s: staging in %s, attribute TTL %s s, upload blocks of %d B, "
+        "%d upload threads",
+        plan.location.uri(), plan.mountpoint, plan.staging, attribute_ttl(settings),
+        writeback.options.block_size, writeback.options.threads,
+    )  # fmt: skip
+    recovered = fs.start_recovery()
+    if recovered:
+        log.info("re-uploading %d files a previous mount left staged", recovered)
+    return fs

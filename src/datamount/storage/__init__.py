@@ -9,11 +9,16 @@ Imports `location`, `retry` and the modules of this package.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore
+
+if TYPE_CHECKING:
+    from datamount.settings import Settings
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
 
-__all__ = ["ListPage", "ObjectInfo", "ObjectStore", "open_store"]
+__all__ = ["ListPage", "ObjectInfo", "ObjectStore", "open_store", "store_for"]
 
 
 def open_store(
@@ -50,3 +55,13 @@ def open_store(
             location, pool_size=pool_size, retry=retry, read_timeout=read_timeout
         )
     raise ValueError(f"no store for {location.kind}")
+
+
+def store_for(settings: Settings, location: StorageLocation, retry: RetryPolicy) -> ObjectStore:
+    """`open_store` sized from the settings: one keep-alive connection per
+    worker that may hold one at a time, stalled reads abandoned after
+    DATAMOUNT_STALL_TIMEOUT_SECONDS."""
+    pool = max(settings.downloader_threads, settings.read_threads)
+    return open_store(
+        location, pool_size=pool, retry=retry, read_timeout=settings.stall_timeout_seconds
+    )

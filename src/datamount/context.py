@@ -1,0 +1,212 @@
+"""The run context: what every command gets (settings read once, the
+environment, the working folder, where the workspace is), the workspace loaded
+at most once per context, and the resolution of spec entries and bare paths or
+URIs to storage locations with their credentials. Also the two commands that
+are nothing but resolution: `validate` and `resolve` (direct mode).
+
+No threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datamount.errors import InvalidInput, SpecError, UriError
+from datamount.log import activity
+from datamount.settings import Settings
+from datamount.spec import DataInput, DataType, JobSpec, load_spec
+from datamount.storage import ObjectStore, store_for
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage.retry import RetryPolicy
+from datamount.uris import LocationKind, parse
+from datamount.workspace import Workspace, find_workspace
+
+log = logging.getLogger("datamount.app")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every command gets: settings read once, and where to find the workspace."""
+
+    settings: Settings
+    environ: Mapping[str, str]
+    cwd: Path
+    workspace_flag: str | None = None
+    run_name: str | None = None  # `run`: this run's unique name (default output paths)
+    # The loaded workspace, per `required` (a context made by dataclasses.replace starts empty).
+    _loaded: dict[bool, Workspace | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def load_spec(self, path: Path) -> JobSpec:
+        return load_spec(path, run_name=self.run_name)
+
+    def workspace_path(self) -> Path:
+        flag = self.workspace_flag or (
+            str(self.settings.workspace) if self.settings.workspace else None
+        )
+        return find_workspace(flag, self.environ, self.cwd)
+
+    def workspace_is_explicit(self) -> bool:
+        return bool(self.workspace_flag or self.settings.workspace)
+
+    def load_workspace(self, *, required: bool = True) -> Workspace | None:
+        """The workspace, read once per context; with required=False a missing
+        default file yields None."""
+        if True in self._loaded:
+            return self._loaded[True]
+        if required in self._loaded:
+            return self._loaded[required]
+        path = self.workspace_path()
+        if not required and not self.workspace_is_explicit() and not path.exists():
+            self._loaded[False] = None
+            return None
+        workspace = Workspace.load(path, self.environ)
+        log.info(
+            "workspace %s: %d datastores, %d data assets",
+            path,
+            len(workspace.config.datastores),
+            len(workspace.config.data_assets),
+        )
+        self._loaded[True] = workspace
+        return workspace
+
+    def workspace(self) -> Workspace:
+        """The workspace when there is one, else an empty one (local and public paths)."""
+        return self.load_workspace(required=False) or Workspace.empty()
+
+    def resolve(self, spec: JobSpec, entry: DataInput) -> StorageLocation:
+        """Where `entry`'s bytes live, with the credential to reach them."""
+        return resolve_entry(spec, entry, self.workspace())
+
+    def retry(self) -> RetryPolicy:
+        return RetryPolicy(retries=self.settings.http_retry_count)
+
+    def store(self, location: StorageLocation, retry: RetryPolicy) -> ObjectStore:
+        return store_for(self.settings, location, retry)
+
+    def secret_variables(self) -> frozenset[str]:
+        """The environment variables the workspace file reads: a process that
+        gets its locations resolved (a mount daemon) must not inherit them."""
+        workspace = self._loaded.get(True)
+        return workspace.variables if workspace is not None else frozenset()
+
+
+def resolve_entry(spec: JobSpec, entry: DataInput, workspace: Workspace) -> StorageLocation:
+    """Where `entry`'s bytes live, with the credential to reach them."""
+    identity = entry.identity or spec.identity
+    base_dir = spec.source.parent if spec.source else None
+    return workspace.resolve(
+        entry.location,
+        where=f"{entry.direction}s.{entry.name}.path",
+        identity=identity.type.value if identity else None,
+        client_id=identity.client_id if identity else None,
+        base_dir=base_dir,
+        expected_type=entry.type.value,
+    )
+
+
+def all_entries(spec: JobSpec) -> list[DataInput]:
+    return [*spec.data_inputs.values(), *spec.outputs.values()]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved data location plus what the spec says about it."""
+
+    location: StorageLocation
+    is_file: bool | None  # None: decide from the store (bare URIs)
+    label: str
+
+
+def target(ctx: Context, source: str, name: str | None, direction: str) -> Target:
+    """A spec file (+ --input/--output NAME) or a bare path/URI, resolved."""
+    path = Path(source)
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        spec = ctx.load_spec(path)
+        entry = spec.entry(name)
+        location = ctx.resolve(spec, entry)
+        return Target(location, entry.type is DataType.URI_FILE, f"{entry.direction}s.{entry.name}")
+    if name:
+        raise UriError(f"--{direction} {name}: only applies to a spec file, not a path or URI")
+    location = ctx.workspace().resolve(parse(source, direction), where=direction, base_dir=ctx.cwd)
+    is_file = True if location.kind is StorageKind.HTTP else None
+    return Target(location, is_file, source)
+
+
+# -- the commands that only resolve -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Validation:
+    spec: JobSpec
+    workspace_checked: Path | None
+
+
+def validate(ctx: Context, spec_path: Path) -> Validation:
+    """Check the spec, and its datastores/assets when a workspace is at hand.
+
+    Pure: no network. Every problem of every entry is reported at once.
+    """
+    with activity("validate"):
+        spec = ctx.load_spec(spec_path)
+        workspace = ctx.load_workspace(required=False)
+        if workspace is None:
+            return Validation(spec, None)
+        problems: list[str] = []
+        for entry in all_entries(spec):
+            try:
+                resolve_entry(spec, entry, workspace)
+            except InvalidInput as exc:
+                problems += exc.problems
+        if problems:
+            raise SpecError(problems)
+        return Validation(spec, workspace.source)
+
+
+def resolve(ctx: Context, target: str, input_name: str | None) -> list[tuple[str, str]]:
+    """`direct` mode: the resolved URI of one spec entry, or of a bare URI.
+
+    Returns (name, uri) pairs; one pair unless the spec has several entries
+    and `input_name` is None and the caller asked for all.
+    """
+    with activity("resolve"):
+        path = Path(target)
+        if not path.is_file() and _looks_like_uri(target):
+            if input_name:
+                raise UriError(f"--input {input_name}: only applies to a spec file, not a URI")
+            workspace = ctx.load_workspace()
+            assert workspace is not None
+            location = workspace.resolve(parse(target, "URI"), where="URI", base_dir=ctx.cwd)
+            _log_resolved("URI", target, location)
+            return [("uri", location.uri())]
+        spec = ctx.load_spec(path)
+        workspace = ctx.load_workspace()
+        assert workspace is not None
+        entry = spec.entry(input_name)
+        location = resolve_entry(spec, entry, workspace)
+        _log_resolved(f"{entry.direction}s.{entry.name}", entry.path, location)
+        return [(entry.name, location.uri())]
+
+
+def _log_resolved(what: str, raw: str, location: StorageLocation) -> None:
+    log.info(
+        "resolved %s (%s) -> %s (%s, credential %s)",
+        what,
+        raw,
+        location.uri(),
+        location.kind.value,
+        location.credential.describe(),
+    )
+
+
+def _looks_like_uri(text: str) -> bool:
+    if "://" in text or text.startswith("azureml:"):
+        return True
+    try:
+        return parse(text).kind is not LocationKind.LOCAL
+    except InvalidInput:
+        return False

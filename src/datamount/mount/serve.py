@@ -1,0 +1,173 @@
+"""Serving one mount from its plan: build the stack (mount.stack), start the
+daemon (mount.daemon), answer the start-up handshake, serve until unmounted.
+
+`python -m datamount.mount.serve MOUNTPOINT --ready-fd N` is the background
+mount daemon `datamount mount` spawns: it reads its `MountPlan` (one JSON
+line) from the start-up channel N and answers on the same channel. It reads
+no spec, no workspace and no setting from its environment: all of it is in
+the plan. `mount --foreground` calls `start` and `run` in its own process.
+
+Threads: the caller's (main) thread; the daemon and the stack own theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from datamount import __version__
+from datamount.errors import (
+    EXIT_OK,
+    DataError,
+    DatamountError,
+    OutputError,
+    StorageError,
+)
+from datamount.log import register_secret, setup_logging, shutdown_logging
+from datamount.mount import control
+from datamount.mount.daemon import DaemonConfig, MountDaemon
+from datamount.mount.plan import MountPlan
+from datamount.mount.stack import Stack, attribute_ttl, build
+
+log = logging.getLogger("datamount.daemon")
+
+
+@dataclass
+class Served:
+    plan: MountPlan
+    stack: Stack
+    daemon: MountDaemon
+
+
+def start(plan: MountPlan) -> Served:
+    """Build the stack and mount it; returns once the mount answers."""
+    stack = build(plan)
+    try:
+        daemon = MountDaemon(stack.fs, _config(plan), _snapshot(plan, stack))
+        daemon.start()
+    except BaseException:
+        stack.close()
+        raise
+    return Served(plan, stack, daemon)
+
+
+def run(
+    served: Served, readiness: control.Readiness, on_ready: Callable[[Path], None] | None = None
+) -> None:
+    """The mount answers: tell whoever waits, then serve until unmounted.
+    OutputError when an rw_mount ends with writes only staged."""
+    plan = served.plan
+    try:
+        readiness.ok()
+        if on_ready is not None:
+            on_ready(plan.path)
+        served.daemon.run()
+    finally:
+        served.stack.close()
+    leftovers = served.daemon.leftovers
+    if leftovers:
+        raise OutputError(f"{plan.label}: {leftovers.describe(str(plan.staging))}")
+
+
+def _config(plan: MountPlan) -> DaemonConfig:
+    settings = plan.settings
+    stats_file = control.stats_path(settings.log_dir, plan.name, plan.mountpoint)
+    state = control.MountState(
+        pid=os.getpid(),
+        mountpoint=str(plan.mountpoint),
+        spec=plan.spec,
+        input=plan.name,
+        uri=plan.location.uri(),
+        started=time.time(),
+        stats_file=str(stats_file),
+        mode=plan.mode,
+        staging=str(plan.staging or ""),
+    )
+    return DaemonConfig(
+        mountpoint=plan.mountpoint,
+        fsname=f"datamount:{control.safe_name(plan.name)}",
+        ttl_seconds=attribute_ttl(settings),
+        drain_timeout=settings.unmount_timeout_seconds,
+        # One FUSE worker per concurrent storage read, at least libfuse's 10.
+        max_threads=max(16, settings.read_threads),
+        state=state,
+        state_file=control.state_file(settings.cache_dir, plan.mountpoint),
+        stats_file=stats_file,
+        allow_other=os.geteuid() == 0,
+    )
+
+
+def _snapshot(plan: MountPlan, stack: Stack) -> Callable[[], dict[str, Any]]:
+    uri = plan.location.uri()
+
+    def snapshot() -> dict[str, Any]:
+        return {
+            "mountpoint": str(plan.mountpoint),
+            "input": plan.name,
+            "uri": uri,
+            "pid": os.getpid(),
+            "updated": time.time(),
+            # Retries happen in the store's policy, shared by every request.
+            "cache": {**stack.stats.snapshot(), "retries": stack.retry.stats.retries},
+            "fs": stack.fs.counters(),
+        }
+
+    return snapshot
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The background daemon: plan in, handshake out, serve; the exit code."""
+    parser = argparse.ArgumentParser(prog="datamount-mount-daemon")
+    parser.add_argument("mountpoint", help="the mount point (also for `ps`)")
+    parser.add_argument("--ready-fd", type=int, required=True, help="the start-up channel")
+    args = parser.parse_args(argv)
+    readiness = control.Readiness(args.ready_fd)
+    try:
+        plan = MountPlan.from_json(control.receive_line(args.ready_fd))
+    except (ValueError, KeyError, TypeError) as exc:
+        return _fail(readiness, DataError(f"no mount plan on the start-up channel ({exc})"))
+    for secret in plan.secrets():
+        register_secret(secret)
+    settings = plan.settings
+    try:
+        setup_logging(settings.log_dir, level=settings.log_level,
+                      settings_lines=settings.describe())  # fmt: skip
+    except OSError as exc:
+        print(
+            f"datamount: warning: cannot write logs to {settings.log_dir}: {exc}", file=sys.stderr
+        )
+    log.info("datamount %s: mount daemon for %s (%s)", __version__, plan.mountpoint, plan.label)
+    try:
+        run(start(plan), readiness)
+        return EXIT_OK
+    except DatamountError as exc:
+        return _fail(readiness, exc)
+    except StorageError as exc:  # storage refused before any layer could say more
+        return _fail(readiness, DataError(str(exc)))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the last line of defence: one line, traceback in the log
+        log.exception("unexpected error in the mount daemon")
+        return _fail(readiness, DatamountError(
+            f"unexpected {type(exc).__name__}: {exc} (details in {settings.log_dir})"))  # fmt: skip
+    finally:
+        shutdown_logging()
+
+
+def _fail(readiness: control.Readiness, exc: DatamountError) -> int:
+    log.info("mount failed: %s", exc)
+    readiness.fail(exc)
+    for line in str(exc).splitlines() or [type(exc).__name__]:
+        print(f"datamount: error: {line}", file=sys.stderr)
+    return exc.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover  (the spawned daemon)
+    sys.exit(main())
