@@ -9,11 +9,18 @@ Imports `location`, `retry` and the modules of this package.
 
 from __future__ import annotations
 
-from datamount.storage.base import ListPage, ObjectInfo, ObjectStore
+from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, ReadableStore, WritableStore
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
 
-__all__ = ["ListPage", "ObjectInfo", "ObjectStore", "open_store"]
+__all__ = [
+    "ListPage",
+    "ObjectInfo",
+    "ObjectStore",
+    "ReadableStore",
+    "WritableStore",
+    "open_store",
+]
 
 
 def open_store(
