@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from datamount.fs.folders import LocalFolders, MarkerFolders, folders_for
 from datamount.fs.namespace import Namespace
 from datamount.fs.writable import WritableFS
 from datamount.read.reader import DirectReader
@@ -212,6 +213,18 @@ def test_local_store_folders_are_directories(tmp_path: Path) -> None:
     fs.rmdir("/x2/empty")
     assert sorted(os.listdir(root / "out")) == ["x2"]
     assert sorted(os.listdir(root / "out" / "x2")) == ["y"]
+
+
+def test_folders_follow_the_stores_declared_local_path(tmp_path: Path) -> None:
+    local = LocalStore(tmp_path / "root")
+    chosen = folders_for(local)
+    assert isinstance(chosen, LocalFolders)
+    chosen.make("out/new")  # a directory, not a marker blob
+    assert (tmp_path / "root" / "out" / "new").is_dir()
+    assert local.local_path("out/new") == str(tmp_path / "root" / "out" / "new")
+    assert isinstance(folders_for(MemoryStore()), MarkerFolders)
+    # A fault wrapper declares no local path: its folders go through its requests.
+    assert isinstance(folders_for(FaultyStore(local)), MarkerFolders)
 
 
 def test_rename_and_unlink_of_open_files(tmp_path: Path) -> None:

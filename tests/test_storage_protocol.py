@@ -1,6 +1,9 @@
 """One ObjectStore suite, run over MemoryStore, LocalStore, FaultyStore (over a
 MemoryStore) and AzureBlobStore (on Azurite): every read, and every read_into,
-is compared with a slice of the source bytes."""
+is compared with a slice of the source bytes. The declared capabilities
+(stream_into, supports_ranges, local_path, refused writes) are checked over
+every store, the read-only ones (HttpStore with and without ranges,
+FileListStore) too."""
 
 from __future__ import annotations
 
@@ -8,22 +11,33 @@ import errno
 import hashlib
 import os
 import random
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from datamount.errors import BadRequest, ObjectNotFound, StorageError, VersionChanged
-from datamount.storage import ObjectStore
+from datamount.errors import (
+    BadRequest,
+    ObjectNotFound,
+    ReadOnlyError,
+    StorageError,
+    VersionChanged,
+)
+from datamount.storage import ObjectStore, ReadableStore
+from datamount.storage import base as storage_base
 from datamount.storage.azure_blob import AzureBlobStore
-from datamount.storage.base import ListPage
+from datamount.storage.base import STREAM_RANGE, ListPage, ReadOnlyStore
 from datamount.storage.credentials import Credential
 from datamount.storage.faults import FaultyStore
+from datamount.storage.filelist import FileListStore, ListedFile
+from datamount.storage.http import HttpStore
 from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
+from test_storage_http import QuietServer, Site, make_handler
 
 SIZE = 100_003  # odd on purpose: no range lines up with a power of two
 SOURCE = random.Random(7).randbytes(SIZE)
@@ -56,12 +70,18 @@ def fast_retry() -> RetryPolicy:
     params=["memory", "local", "faulty", pytest.param("azure", marks=pytest.mark.azurite)],
 )
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    s = make_store(request.param, request, tmp_path)
+    yield s
+    s.close()
+
+
+def make_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
     s: ObjectStore
-    if request.param == "memory":
+    if kind == "memory":
         s = MemoryStore(page_size=3)  # small pages: listings cross pages
-    elif request.param == "faulty":  # no faults planned: it must be transparent
+    elif kind == "faulty":  # no faults planned: it must be transparent
         s = FaultyStore(MemoryStore(page_size=3), retry=fast_retry())
-    elif request.param == "local":
+    elif kind == "local":
         s = LocalStore(tmp_path / "root", page_size=3)
         (tmp_path / "root").mkdir()
     else:
@@ -74,8 +94,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStor
             account=az.account,
             retry=fast_retry(),
         )
-    yield s
-    s.close()
+    return s
 
 
 def keys(pages: Iterator[ListPage]) -> tuple[list[str], list[str]]:
@@ -312,3 +331,152 @@ def test_negative_ranges_are_rejected(store: ObjectStore) -> None:
     with pytest.raises(StorageError) as info:
         store.read_into("n", -1, memoryview(bytearray(2)))
     assert info.value.errno == errno.EINVAL
+
+
+# -- declared capabilities, over every store (read-only ones too) -----------
+
+READ_ONLY = ["http", "http-no-ranges", "filelist"]
+
+
+@pytest.fixture(
+    params=[
+        "memory",
+        "local",
+        "faulty",
+        *READ_ONLY,
+        pytest.param("azure", marks=pytest.mark.azurite),
+    ],
+)
+def readable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[ReadableStore, str]]:
+    """A store of each kind holding SOURCE, and its key there."""
+    if request.param.startswith("http"):
+        site = Site(ranges=request.param == "http")
+        site.publish("/files/source.bin", SOURCE)
+        server = QuietServer(("127.0.0.1", 0), make_handler(site))
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+        thread.daemon = True
+        thread.start()
+        http = HttpStore(f"http://127.0.0.1:{server.server_address[1]}", retry=fast_retry())
+        yield http, "files/source.bin"
+        http.close()
+        server.shutdown()
+        server.server_close()
+        return
+    if request.param == "filelist":
+        origin = MemoryStore({"real/key.bin": SOURCE})
+        info = origin.stat("real/key.bin")
+        listed = ListedFile("shown/source.bin", origin, "real/key.bin", SIZE, info.etag)
+        yield FileListStore([listed], inline={"MLTable": b"paths: []\n"}), "shown/source.bin"
+        return
+    writable = make_store(request.param, request, tmp_path)
+    writable.put("src/source.bin", SOURCE)
+    yield writable, "src/source.bin"
+    writable.close()
+
+
+def stream_to_file(store: ReadableStore, key: str, path: Path, etag: str | None = None) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        return store.stream_into(key, fd, etag=etag)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("stream_range", [STREAM_RANGE, 4096, SIZE], ids=["default", "4k", "size"])
+def test_stream_into_equals_the_source_bytes(
+    readable: tuple[ReadableStore, str],
+    tmp_path: Path,
+    stream_range: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(storage_base, "STREAM_RANGE", stream_range)  # ranges of the default
+    store, key = readable
+    out = tmp_path / "streamed"
+    assert stream_to_file(store, key, out) == SIZE
+    assert out.read_bytes() == SOURCE
+    assert stream_to_file(store, key, out, etag=store.stat(key).etag) == SIZE
+    assert out.read_bytes() == SOURCE
+
+
+def test_stream_into_is_pinned_and_streams_empty_objects(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    old = store.put("s/v", b"version one")
+    if isinstance(store, LocalStore):
+        os.utime(os.path.join(store.root, "s/v"), ns=(1, 1))  # same size, same second
+        old = store.stat("s/v")
+    store.put("s/v", b"version two")
+    with pytest.raises(VersionChanged):
+        stream_to_file(store, "s/v", tmp_path / "v", etag=old.etag)
+    assert stream_to_file(store, "s/v", tmp_path / "v") == 11
+    assert (tmp_path / "v").read_bytes() == b"version two"
+    store.put("s/empty", b"")
+    assert stream_to_file(store, "s/empty", tmp_path / "e") == 0
+    with pytest.raises(ObjectNotFound):
+        stream_to_file(store, "s/missing", tmp_path / "m")
+
+
+def test_declared_capabilities(
+    readable: tuple[ReadableStore, str], request: pytest.FixtureRequest
+) -> None:
+    store, key = readable
+    store.stat(key)  # an http store learns from the HEAD whether its server serves ranges
+    assert store.supports_ranges is (request.node.callspec.params["readable"] != "http-no-ranges")
+    path = store.local_path(key)
+    if isinstance(store, LocalStore):  # objects are files: folders are directories
+        assert path is not None and Path(path).read_bytes() == SOURCE
+    else:
+        assert path is None
+    if isinstance(store, FaultyStore):  # the wrapper declares what its inner store does
+        assert store.supports_ranges is store.inner.supports_ranges
+
+
+def test_a_wrapper_declares_its_inner_stores_ranges(tmp_path: Path) -> None:
+    site = Site(ranges=False)
+    site.publish("/f", SOURCE)
+    server = QuietServer(("127.0.0.1", 0), make_handler(site))
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
+    try:
+        http = HttpStore(f"http://127.0.0.1:{server.server_address[1]}", retry=fast_retry())
+        faulty = FaultyStore(http, retry=fast_retry())
+        assert faulty.supports_ranges
+        faulty.stat("f")  # the HEAD answer has no 'Accept-Ranges: bytes'
+        assert not http.supports_ranges and not faulty.supports_ranges
+        assert stream_to_file(faulty, "f", tmp_path / "f") == SIZE
+        assert (tmp_path / "f").read_bytes() == SOURCE
+        assert faulty.attempts["read"] == 1 and [r[0] for r in site.requests] == ["HEAD", "GET"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+WRITES: list[tuple[str, Callable[[ObjectStore, str], object]]] = [
+    ("put", lambda s, k: s.put(k, b"x")),
+    ("stage_block", lambda s, k: s.stage_block(k, "000001", b"x")),
+    ("commit_blocks", lambda s, k: s.commit_blocks(k, ["000001"])),
+    ("delete", lambda s, k: s.delete(k)),
+    ("copy", lambda s, k: s.copy(k, k + ".copy")),
+]
+
+
+@pytest.mark.parametrize("kind", READ_ONLY)
+def test_read_only_stores_refuse_every_write_before_any_request(kind: str) -> None:
+    if kind == "filelist":
+        origin = MemoryStore({"real": SOURCE})
+        info = origin.stat("real")
+        store: ReadOnlyStore = FileListStore([ListedFile("shown", origin, "real", SIZE, info.etag)])
+        key = "shown"
+        origin.requests.clear()
+    else:
+        # Nothing listens there: a request would fail with another error.
+        origin = None
+        store, key = HttpStore("http://127.0.0.1:9", retry=fast_retry()), "files/x?sig=SECRET"
+    for op, write in WRITES:
+        with pytest.raises(StorageError) as info:
+            write(store, key)
+        assert isinstance(info.value, ReadOnlyError) and info.value.errno == errno.EROFS
+        assert op in str(info.value) and "SECRET" not in str(info.value)
+    if origin is not None:
+        assert origin.total_requests == 0

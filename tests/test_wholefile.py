@@ -1,7 +1,8 @@
 """WholeFileReader: open waits for one download per version (single flight),
 reads are preads of the cached copy, LRU pruning keeps the folder under its
 limit without touching open files, and what cannot fit is streamed by the
-fallback reader."""
+fallback reader. A large file from a server without ranges is one GET
+(PinnedVersion.stream_into)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from datamount.errors import VersionChanged
 from datamount.read.blocks import ObjectId
 from datamount.read.reader import DirectReader, ReadHandle
-from datamount.read.wholefile import WholeFileReader, entry_name
+from datamount.read.wholefile import PinnedVersion, WholeFileReader, entry_name
 from datamount.storage.base import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, forbidden
+from datamount.storage.http import HttpStore
 from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import DownloadOptions
 from test_reader_fakes import GatedStore, object_id, source, wait_for
+from test_storage_http import QuietServer, Site, make_handler
 
 RANGE = 4096
 OPTIONS = DownloadOptions(threads=4, range_size=RANGE, reserved_free_disk_space=0)
@@ -276,3 +280,55 @@ def test_close_closes_the_fallback_and_refuses_new_opens(tmp_path: Path) -> None
     with pytest.raises(OSError):
         reader.open(object_id(store, "small.bin"))
     assert os.listdir(tmp_path)  # cached files stay for the next mount
+
+
+def test_a_large_file_from_a_server_without_ranges_is_one_get(tmp_path: Path) -> None:
+    data = FILES["large.bin"]
+    site = Site(ranges=False)
+    site.publish("/large.bin", data)
+    server = QuietServer(("127.0.0.1", 0), make_handler(site))
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
+    try:
+        store = HttpStore(f"http://127.0.0.1:{server.server_address[1]}")
+        info = store.stat("large.bin")  # as the namespace's stat: the server declares no ranges
+        assert not store.supports_ranges
+        reader, fallback = make(store, tmp_path / "cache")
+        obj = ObjectId("http", "large.bin", info.etag, info.size)
+        site.requests.clear()
+        assert read_all(reader.open(obj)) == data
+        assert [r[0] for r in site.requests] == ["GET"]  # stream_into: the whole file, once
+        assert fallback.opened == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_pinned_version_serves_one_version_of_one_object(tmp_path: Path) -> None:
+    store = MemoryStore(FILES)
+    obj = object_id(store, "large.bin")
+    pinned = PinnedVersion(store, obj)
+    store.requests.clear()
+    assert pinned.supports_ranges and pinned.local_path("large.bin") is None
+    pages = list(pinned.list_pages("", delimiter="/"))
+    assert [o.key for p in pages for o in p.objects] == ["large.bin"]
+    assert [p.objects for p in pinned.list_pages("other/")] == [[]]
+    assert store.requests == {}  # listing and stat answer the pinned ObjectId
+    info = pinned.stat("large.bin")
+    assert (info.size, info.etag) == (obj.size, obj.etag)
+    with pytest.raises(VersionChanged):  # a second stat: the Downloader wants to restart
+        pinned.stat("large.bin")
+    assert pinned.read("large.bin", 3, 5) == FILES["large.bin"][3:8]
+    out = tmp_path / "out"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert pinned.stream_into("large.bin", fd) == obj.size
+    finally:
+        os.close(fd)
+    assert out.read_bytes() == FILES["large.bin"]
+    store.put("large.bin", b"changed")
+    with pytest.raises(VersionChanged):  # every read is pinned to the handle's etag
+        pinned.read_into("large.bin", 0, memoryview(bytearray(4)))
+    pinned.close()
+    assert not store.closed  # the store stays its owner's

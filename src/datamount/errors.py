@@ -138,3 +138,9 @@ class Throttled(StorageError):
 
 class BadRequest(StorageError):
     default_errno = errno.EINVAL
+
+
+class ReadOnlyError(StorageError):
+    """A write to a store that has no write side (storage.base.ReadOnlyStore)."""
+
+    default_errno = errno.EROFS

@@ -15,7 +15,8 @@ call means without knowing which one it writes to.
   `remove` is rmdir, and both moves are one rename(2): atomic, and empty
   subfolders move too.
 
-`folders_for(store)` picks one. Threads: any FUSE thread; no state.
+`folders_for(store)` picks one by the store's declared `local_path`.
+Threads: any FUSE thread; no state.
 Imports `storage`, `errors`.
 """
 
@@ -29,7 +30,6 @@ from typing import Protocol
 
 from datamount.errors import ObjectNotFound
 from datamount.storage.base import ObjectStore
-from datamount.storage.local import LocalStore
 
 log = logging.getLogger("datamount.fs.folders")
 
@@ -105,7 +105,9 @@ class LocalFolders:
 
 
 def folders_for(store: ObjectStore) -> Folders:
-    """Real directories on a local store, marker blobs everywhere else."""
-    if isinstance(store, LocalStore):
-        return LocalFolders(store.root)
+    """Real directories where the store's objects are local files (its
+    declared `local_path`), marker blobs everywhere else."""
+    root = store.local_path("")
+    if root is not None:
+        return LocalFolders(root)
     return MarkerFolders(store)

@@ -39,15 +39,14 @@ import re
 import shutil
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import cast
 
 from datamount.errors import DatamountError, StorageError, VersionChanged
 from datamount.read.blocks import ObjectId
 from datamount.read.reader import Reader, ReadHandle
-from datamount.storage.base import ObjectInfo, ObjectStore
+from datamount.storage.base import ListPage, ObjectInfo, ReadableStore, paged_listing
 from datamount.transfer.download import Downloader, DownloadOptions, disk_free
 
 log = logging.getLogger("datamount.wholefile")
@@ -60,32 +59,49 @@ def entry_name(obj: ObjectId) -> str:
     return f"{digest}-{obj.size}"
 
 
-class _Pinned:
-    """The store as the Downloader sees it for one pinned version: `stat`
-    answers the handle's ObjectId instead of asking storage, so the download
-    fetches exactly that version; a second `stat` means the Downloader saw the
-    object change and wants to restart, which a pinned handle must not do."""
+class PinnedVersion(ReadableStore):
+    """One version of one object as the Downloader sees it: `stat` answers
+    the handle's ObjectId instead of asking storage, and every read is pinned
+    to its etag, so the download fetches exactly that version; a second `stat`
+    means the Downloader saw the object change and wants to restart, which a
+    pinned handle must not do. Reads go to `inner`, which stays the caller's
+    (close leaves it open)."""
 
-    def __init__(self, store: ObjectStore, obj: ObjectId) -> None:
-        self.inner = store
+    def __init__(self, inner: ReadableStore, obj: ObjectId) -> None:
+        self.inner = inner
         self.obj = obj
-        self.supports_ranges = getattr(store, "supports_ranges", True)
         self._stats = 0
+
+    @property
+    def supports_ranges(self) -> bool:
+        return self.inner.supports_ranges
+
+    def _info(self, key: str) -> ObjectInfo:
+        return ObjectInfo(key, self.obj.size, self.obj.etag, None)
+
+    def list_pages(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ListPage]:
+        for _number, page in paged_listing([self._info(self.obj.key)], prefix, delimiter, 1):
+            yield page
 
     def stat(self, key: str) -> ObjectInfo:
         self._stats += 1
         if self._stats > 1:
             raise VersionChanged(f"{key}: changed during its whole-file download", status=412)
-        return ObjectInfo(key, self.obj.size, self.obj.etag, None)
+        return self._info(key)
+
+    def read(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        return self.inner.read(key, offset, length, etag=etag or self.obj.etag)
 
     def read_into(
         self, key: str, offset: int, buffer: memoryview, *, etag: str | None = None
     ) -> int:
-        return self.inner.read_into(key, offset, buffer, etag=etag)
+        return self.inner.read_into(key, offset, buffer, etag=etag or self.obj.etag)
 
     def stream_into(self, key: str, fd: int, *, etag: str | None = None) -> int:
-        stream = self.inner.stream_into  # type: ignore[attr-defined]
-        return cast(int, stream(key, fd, etag=etag))
+        return self.inner.stream_into(key, fd, etag=etag or self.obj.etag)
+
+    def close(self) -> None:
+        pass
 
 
 class WholeFileHandle:
@@ -114,7 +130,7 @@ class WholeFileHandle:
 class WholeFileReader:
     def __init__(
         self,
-        store: ObjectStore,
+        store: ReadableStore,
         cache_dir: Path,
         options: DownloadOptions,
         limit: Callable[[int, int], int],
@@ -238,8 +254,8 @@ class WholeFileReader:
     def _fetch_large(self, obj: ObjectId, name: str) -> None:
         folder = self.cache_dir / f".dl-{name}"
         try:
-            store = cast(ObjectStore, _Pinned(self.store, obj))  # stat, read_into, stream_into
-            result = Downloader(store, self.options).download(
+            pinned = PinnedVersion(self.store, obj)
+            result = Downloader(pinned, self.options).download(
                 obj.key, folder, is_file=True, source_id=f"{obj.store}/{obj.key}@{obj.etag}"
             )
             os.replace(result.path, self.cache_dir / name)

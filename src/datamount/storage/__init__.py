@@ -11,14 +11,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from datamount.storage.base import ListPage, ObjectInfo, ObjectStore
-
-if TYPE_CHECKING:
-    from datamount.settings import Settings
+from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, ReadableStore, WritableStore
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
 
-__all__ = ["ListPage", "ObjectInfo", "ObjectStore", "open_store", "store_for"]
+if TYPE_CHECKING:
+    from datamount.settings import Settings
+
+__all__ = [
+    "ListPage",
+    "ObjectInfo",
+    "ObjectStore",
+    "ReadableStore",
+    "WritableStore",
+    "open_store",
+    "store_for",
+]
 
 
 def open_store(

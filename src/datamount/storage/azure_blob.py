@@ -83,7 +83,7 @@ from datamount.storage.azure_list import (
     parse_list,
     quoted_etag,
 )
-from datamount.storage.base import ListPage, ObjectInfo, check_range
+from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, check_range
 from datamount.storage.credentials import Credential, CredentialKind
 from datamount.storage.errors import translate
 from datamount.storage.location import StorageLocation
@@ -95,7 +95,7 @@ COPY_POLL_MAX = 1.0
 COPY_TIMEOUT = 3600.0
 
 
-class AzureBlobStore:
+class AzureBlobStore(ObjectStore):
     def __init__(
         self,
         endpoint: str,

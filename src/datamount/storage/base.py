@@ -1,26 +1,33 @@
-"""The ObjectStore protocol: the small surface every backend implements.
+"""The store protocols: the small surfaces every backend implements.
 
-Read side: list lazily page by page, stat, read a bounded byte range of one
-pinned version (as new bytes, or into the caller's buffer). Write side: stage
-blocks and commit them, put a small object, delete, copy. Keys are
-'/'-separated names inside the store (a blob name in a container, a path
-under the local root, a URL path on an HTTP host).
+`ReadableStore`: list lazily page by page, stat, read a bounded byte range of
+one pinned version (as new bytes, or into the caller's buffer), stream a
+whole object into a file; what a store cannot do is a declared capability
+(`supports_ranges`, `local_path`), never a getattr probe. `WritableStore`:
+stage blocks and commit them, put a small object, delete, copy.
+`ObjectStore` is both, what `open_store` returns; a read-only store
+(`ReadOnlyStore`: public https, an evaluated file list) refuses every write
+in one place, with EROFS. Keys are '/'-separated names inside the store (a
+blob name in a container, a path under the local root, a URL path on an
+HTTP host).
 
-Implementations (azure_blob, local, http, memory, faults) are thread-safe:
-one store is shared by every worker thread. Errors are `datamount.errors`
-classes (ObjectNotFound, VersionChanged, ...), already through the retry
-policy where the store has one. Imports only `datamount.errors`.
+Implementations subclass the protocol they implement (mypy then checks that
+nothing is missing, and they inherit the shared defaults); they are
+thread-safe: one store is shared by every worker thread. Errors are
+`datamount.errors` classes (ObjectNotFound, VersionChanged, ...), already
+through the retry policy where the store has one.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from datamount.errors import BadRequest
+from datamount.errors import BadRequest, ReadOnlyError, StorageError
 
 
 @dataclass(frozen=True)
@@ -49,8 +56,23 @@ class ListPage:
     prefixes: list[str] = field(default_factory=list)
 
 
+# The default stream_into's range: few requests, a small buffer (it runs only
+# where nothing better is known; the downloader's own ranges are 8 MiB).
+STREAM_RANGE = 4 << 20
+
+
 @runtime_checkable
-class ObjectStore(Protocol):
+class ReadableStore(Protocol):
+    """What every store does: list, stat, read. Declared capabilities have
+    defaults here that a store overrides where it differs."""
+
+    @property
+    def supports_ranges(self) -> bool:
+        """Byte ranges are served by one bounded request each. False (a server
+        that ignores Range): a reader that wants the whole object asks for
+        `stream_into`, one request, instead of one per range."""
+        return True
+
     def list_pages(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ListPage]:
         """Objects whose key starts with `prefix`, one service page at a time,
         in key order within a page. Lazy: a page is requested only when the
@@ -85,6 +107,41 @@ class ObjectStore(Protocol):
         After an error its content is undefined. Stores count it as a "read".
         """
         ...
+
+    def stream_into(self, key: str, fd: int, *, etag: str | None = None) -> int:
+        """The whole object written into `fd` from offset 0; its size.
+
+        Pinned to `etag` (or, without one, to the version a first `stat`
+        sees): never two versions mixed. This default reads it range by range
+        through `read_into` with one buffer of STREAM_RANGE; a store without
+        ranges overrides it with one request.
+        """
+        if etag is None:
+            etag = self.stat(key).etag
+        buffer = memoryview(bytearray(STREAM_RANGE))
+        pos = 0
+        while True:
+            n = self.read_into(key, pos, buffer, etag=etag)
+            view = buffer[:n]
+            while view:
+                written = os.pwrite(fd, view, pos)
+                view, pos = view[written:], pos + written
+            if n < len(buffer):
+                return pos
+
+    def local_path(self, key: str) -> str | None:
+        """The local file that holds `key`, where the store's objects are
+        local files (LocalStore); None everywhere else."""
+        return None
+
+    def close(self) -> None:
+        """Release connections. The store must not be used afterwards."""
+        ...
+
+
+@runtime_checkable
+class WritableStore(Protocol):
+    """What a store that can be written does."""
 
     def stage_block(self, key: str, block_id: str, data: bytes) -> None:
         """Upload one uncommitted block. All ids of one object have the same
@@ -121,9 +178,48 @@ class ObjectStore(Protocol):
         """Copy an object inside the store; returns the new object's info."""
         ...
 
-    def close(self) -> None:
-        """Release connections. The store must not be used afterwards."""
-        ...
+
+@runtime_checkable
+class ObjectStore(ReadableStore, WritableStore, Protocol):
+    """A store as `open_store` gives it: readable, and writable or refusing
+    every write (ReadOnlyStore)."""
+
+
+class ReadOnlyStore(ObjectStore):
+    """The write side of a store that has none: every write raises
+    `refusal(op, key)` (ReadOnlyError, EROFS) before any request."""
+
+    def refusal(self, op: str, key: str) -> StorageError:
+        return ReadOnlyError(f"{op} {key!r} failed: {self!r} is read-only")
+
+    def stage_block(self, key: str, block_id: str, data: bytes) -> None:
+        raise self.refusal("stage_block", key)
+
+    def commit_blocks(
+        self,
+        key: str,
+        block_ids: list[str],
+        *,
+        content_md5: bytes | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> ObjectInfo:
+        raise self.refusal("commit_blocks", key)
+
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        content_md5: bytes | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> ObjectInfo:
+        raise self.refusal("put", key)
+
+    def delete(self, key: str) -> None:
+        raise self.refusal("delete", key)
+
+    def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
+        raise self.refusal("copy", dst_key)
 
 
 def paged_listing(

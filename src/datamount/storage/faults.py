@@ -113,7 +113,7 @@ class FaultPlan:
 _END = object()
 
 
-class FaultyStore:
+class FaultyStore(ObjectStore):
     """An ObjectStore that fails where `plan` says, then delegates to `inner`.
 
     `attempts[op]` counts every request (failed or not), `failures[op]` the
@@ -147,6 +147,11 @@ class FaultyStore:
             self._attempt, op, key, fn, *args, description=f"{op} {key!r}", **kwargs
         )
 
+    @property
+    def supports_ranges(self) -> bool:
+        # The inner store's (never its local_path: every request goes through the plan).
+        return self.inner.supports_ranges
+
     def list_pages(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ListPage]:
         pages = self.inner.list_pages(prefix, delimiter=delimiter)
         while True:
@@ -168,6 +173,10 @@ class FaultyStore:
         # The same operation as `read` for plans and counters: fail("read")
         # fails both, attempts["read"] counts both.
         return self._call("read", key, self.inner.read_into, key, offset, buffer, etag=etag)
+
+    def stream_into(self, key: str, fd: int, *, etag: str | None = None) -> int:
+        # One "read" for plans and counters, like read_into.
+        return self._call("read", key, self.inner.stream_into, key, fd, etag=etag)
 
     def stage_block(self, key: str, block_id: str, data: bytes) -> None:
         self._call("stage_block", key, self.inner.stage_block, key, block_id, data)

@@ -21,8 +21,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from datamount.errors import AccessDenied, ObjectNotFound
-from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, check_range, paged_listing
+from datamount.errors import ObjectNotFound, ReadOnlyError, StorageError
+from datamount.storage.base import (
+    ListPage,
+    ObjectInfo,
+    ReadableStore,
+    ReadOnlyStore,
+    check_range,
+    paged_listing,
+)
 
 PAGE_SIZE = 5000
 
@@ -32,14 +39,14 @@ class ListedFile:
     """One file of the list: where it shows (`key`) and where it lives."""
 
     key: str
-    store: ObjectStore
+    store: ReadableStore
     source_key: str
     size: int
     etag: str
     last_modified: float | None = None
 
 
-class FileListStore:
+class FileListStore(ReadOnlyStore):
     def __init__(
         self,
         files: Iterable[ListedFile],
@@ -105,39 +112,10 @@ class FileListStore:
             raise ObjectNotFound(f"read {key!r} failed: not in the file list", status=404)
         return f
 
-    # -- write side: none ---------------------------------------------------
+    # -- write side: none (ReadOnlyStore refuses every write) ----------------
 
-    def _read_only(self, key: str) -> AccessDenied:
-        return AccessDenied(f"{key!r}: a file list is read-only", status=403)
-
-    def stage_block(self, key: str, block_id: str, data: bytes) -> None:
-        raise self._read_only(key)
-
-    def commit_blocks(
-        self,
-        key: str,
-        block_ids: list[str],
-        *,
-        content_md5: bytes | None = None,
-        metadata: dict[str, str] | None = None,
-    ) -> ObjectInfo:
-        raise self._read_only(key)
-
-    def put(
-        self,
-        key: str,
-        data: bytes,
-        *,
-        content_md5: bytes | None = None,
-        metadata: dict[str, str] | None = None,
-    ) -> ObjectInfo:
-        raise self._read_only(key)
-
-    def delete(self, key: str) -> None:
-        raise self._read_only(key)
-
-    def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
-        raise self._read_only(dst_key)
+    def refusal(self, op: str, key: str) -> StorageError:
+        return ReadOnlyError(f"{op} {key!r} failed: a file list is read-only")
 
     def close(self) -> None:
         if self._on_close is not None:

@@ -7,8 +7,10 @@ without its leading '/', as `StorageLocation.key` gives it. stat is a HEAD
 pinned with If-Match when the server gave a strong ETag and checked against
 the answer's version otherwise. A server that ignores
 Range (200 instead of 206) still gives the right slice: the body is streamed
-up to the end of the range and the connection dropped, and
-`supports_ranges` turns False. Listing yields the one file. Writes raise.
+up to the end of the range and the connection dropped, and the declared
+`supports_ranges` turns False (so does a HEAD without 'Accept-Ranges: bytes'):
+a downloader then asks for `stream_into`, one GET of the whole file. Listing
+yields the one file. Writes raise EROFS (storage.base.ReadOnlyStore).
 
 Threads: one pooled requests.Session shared by all threads (urllib3 pools are
 thread-safe); every request goes through the RetryPolicy. A request that
@@ -28,8 +30,8 @@ from typing import NoReturn
 import requests
 from requests.adapters import HTTPAdapter
 
-from datamount.errors import ObjectNotFound, StorageError, VersionChanged
-from datamount.storage.base import ListPage, ObjectInfo, check_range
+from datamount.errors import ObjectNotFound, ReadOnlyError, StorageError, VersionChanged
+from datamount.storage.base import ListPage, ObjectInfo, ReadOnlyStore, check_range
 from datamount.storage.errors import error_for_status, translate
 from datamount.storage.retry import RetryPolicy
 
@@ -60,7 +62,9 @@ def _last_modified(headers: Mapping[str, str]) -> float | None:
         return None
 
 
-class HttpStore:
+class HttpStore(ReadOnlyStore):
+    supports_ranges: bool = True  # until a server shows it ignores Range
+
     def __init__(
         self,
         root: str,
@@ -219,41 +223,10 @@ class HttpStore:
         except ObjectNotFound:
             yield ListPage()
 
-    # -- writes: a public URL is read-only -----------------------------------
+    # -- writes: a public URL is read-only (ReadOnlyStore refuses them) ------
 
-    def _read_only(self, op: str, key: str) -> NoReturn:
-        raise StorageError(
-            f"{op} {self._name(key)!r} failed: an http(s) location is read-only", err=errno.EROFS
-        )
-
-    def stage_block(self, key: str, block_id: str, data: bytes) -> None:
-        self._read_only("stage_block", key)
-
-    def commit_blocks(
-        self,
-        key: str,
-        block_ids: list[str],
-        *,
-        content_md5: bytes | None = None,
-        metadata: dict[str, str] | None = None,
-    ) -> ObjectInfo:
-        self._read_only("commit_blocks", key)
-
-    def put(
-        self,
-        key: str,
-        data: bytes,
-        *,
-        content_md5: bytes | None = None,
-        metadata: dict[str, str] | None = None,
-    ) -> ObjectInfo:
-        self._read_only("put", key)
-
-    def delete(self, key: str) -> None:
-        self._read_only("delete", key)
-
-    def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
-        self._read_only("copy", dst_key)
+    def refusal(self, op: str, key: str) -> StorageError:
+        return ReadOnlyError(f"{op} {self._name(key)!r} failed: an http(s) location is read-only")
 
     def close(self) -> None:
         if self._own_session:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from datamount.errors import BadRequest, VersionChanged
-from datamount.storage.base import ListPage, ObjectInfo, check_range
+from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, check_range
 from datamount.storage.errors import translate
 
 HIDDEN = ".datamount."  # temp and part entries; never listed
@@ -52,7 +52,7 @@ def _write_md5(fd: int, md5: bytes | None) -> None:
             os.setxattr(fd, MD5_XATTR, md5)
 
 
-class LocalStore:
+class LocalStore(ObjectStore):
     def __init__(self, root: Path | str = "/", *, page_size: int = 1000) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.page_size = page_size
@@ -164,6 +164,9 @@ class LocalStore:
                 yield self._info(dir_key + entry.name, st, entry.path)
 
     # -- reads -------------------------------------------------------------
+
+    def local_path(self, key: str) -> str:
+        return self._path(key)
 
     def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from datamount.errors import BadRequest, ObjectNotFound, VersionChanged
-from datamount.storage.base import ListPage, ObjectInfo, check_range, paged_listing
+from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, check_range, paged_listing
 
 MAX_BLOCK_ID_BYTES = 64  # Azure's limit for a block id before base64
 
@@ -33,7 +33,7 @@ class _Object:
     metadata: dict[str, str]
 
 
-class MemoryStore:
+class MemoryStore(ObjectStore):
     """An in-memory ObjectStore. `requests[op]` counts calls per operation."""
 
     def __init__(self, objects: dict[str, bytes] | None = None, *, page_size: int = 1000) -> None:

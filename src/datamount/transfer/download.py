@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datamount.errors import DataError, DatamountError, StorageError, VersionChanged
-from datamount.storage.base import ObjectStore
+from datamount.storage.base import ReadableStore
 from datamount.transfer.manifest import MANIFEST_NAME, Manifest
 from datamount.transfer.progress import Progress, human
 from datamount.transfer.source import SourceFile, folder_pages, single_file
@@ -109,7 +109,7 @@ def disk_free(path: Path) -> int:
 
 class Downloader:
     def __init__(
-        self, store: ObjectStore, options: DownloadOptions, progress: Progress | None = None
+        self, store: ReadableStore, options: DownloadOptions, progress: Progress | None = None
     ) -> None:
         self.store = store
         self.options = options
@@ -250,7 +250,7 @@ class Downloader:
         self._schedule(job, slots=True)
 
     def _schedule(self, job: _Job, *, slots: bool) -> None:
-        if not getattr(self.store, "supports_ranges", True):  # a server without ranges
+        if not self.store.supports_ranges:  # a server without ranges: one GET
             with job.lock:
                 job.pending = 1
             if slots:
@@ -286,9 +286,7 @@ class Downloader:
         """
         size = job.src.size
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        direct = (
-            self._direct and size >= DIRECT_MIN and getattr(self.store, "supports_ranges", True)
-        )
+        direct = self._direct and size >= DIRECT_MIN and self.store.supports_ranges
         job.fd = job.dfd = -1
         if direct and size % ALIGN == 0:
             job.fd = self._open_direct(job.part, flags)
@@ -356,7 +354,7 @@ class Downloader:
         try:
             if self._cancel.is_set():
                 return
-            got = self.store.stream_into(job.src.key, job.fd, etag=job.src.etag)  # type: ignore[attr-defined]
+            got = self.store.stream_into(job.src.key, job.fd, etag=job.src.etag)
             job.written = got
             self.progress.add_bytes(got)
         except VersionChanged:

@@ -1,7 +1,7 @@
 """What a download copies: the objects under a location, streamed page by
 page, each with the local relative path it lands at.
 
-Pure listing logic over an ObjectStore: no threads, no writes.
+Pure listing logic over a ReadableStore: no threads, no writes.
 Imports `storage.base`, `errors`.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from datamount.errors import DataError, DatamountError, ObjectNotFound
-from datamount.storage.base import ObjectInfo, ObjectStore
+from datamount.storage.base import ObjectInfo, ReadableStore
 
 log = logging.getLogger("datamount.transfer.source")
 
@@ -51,7 +51,7 @@ def folder_prefix(key: str) -> str:
     return key if key == "" or key.endswith("/") else key + "/"
 
 
-def single_file(store: ObjectStore, key: str) -> SourceFile:
+def single_file(store: ReadableStore, key: str) -> SourceFile:
     """The one object of a uri_file input; it lands under its own base name."""
     if not key or key.endswith("/"):
         raise DatamountError(f"{key or '(root)'}: a uri_file path must name a file, not a folder")
@@ -61,7 +61,7 @@ def single_file(store: ObjectStore, key: str) -> SourceFile:
     return SourceFile(key, safe_relative(posixpath.basename(key)), info.size, info.etag)
 
 
-def folder_pages(store: ObjectStore, key: str) -> Iterator[list[SourceFile]]:
+def folder_pages(store: ReadableStore, key: str) -> Iterator[list[SourceFile]]:
     """The files under folder `key`, one list per listing page (lazily, one
     page behind the listing: the last list also carries the held files).
 
@@ -99,7 +99,7 @@ def folder_pages(store: ObjectStore, key: str) -> Iterator[list[SourceFile]]:
         raise ObjectNotFound(f"{key or '(root)'}: no such folder")
 
 
-def _exists_as_folder(store: ObjectStore, key: str) -> bool:
+def _exists_as_folder(store: ReadableStore, key: str) -> bool:
     if not key.strip("/"):
         return True  # a container root exists if listing it worked
     try:
