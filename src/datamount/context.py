@@ -10,6 +10,7 @@ No threads.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,9 +37,13 @@ class Context:
     cwd: Path
     workspace_flag: str | None = None
     run_name: str | None = None  # `run`: this run's unique name (default output paths)
-    # The loaded workspace, per `required` (a context made by dataclasses.replace starts empty).
+    # The loaded workspace, per `required` (a context made by dataclasses.replace starts
+    # empty); `run` prepares entries on several threads.
     _loaded: dict[bool, Workspace | None] = field(
         default_factory=dict, init=False, repr=False, compare=False
+    )
+    _lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
     )
 
     def load_spec(self, path: Path) -> JobSpec:
@@ -56,6 +61,10 @@ class Context:
     def load_workspace(self, *, required: bool = True) -> Workspace | None:
         """The workspace, read once per context; with required=False a missing
         default file yields None."""
+        with self._lock:
+            return self._load_workspace(required)
+
+    def _load_workspace(self, required: bool) -> Workspace | None:
         if True in self._loaded:
             return self._loaded[True]
         if required in self._loaded:

@@ -15,6 +15,7 @@ No threads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -42,10 +43,8 @@ log = logging.getLogger("datamount.mounting")
 
 
 class MountHandler:
-    directions: tuple[str, ...] = (
-        "input",
-        "output",
-    )  # ro/eval: inputs; rw: outputs (spec.ALLOWED_MODES)
+    # ro_mount and eval_mount are input modes, rw_mount an output mode (spec.ALLOWED_MODES).
+    directions: tuple[str, ...] = ("input", "output")
     keeps_folder: bool = True
 
     def prepare(
@@ -54,11 +53,9 @@ class MountHandler:
         writable = entry.mode is Mode.RW_MOUNT
         if not writable and entry.direction != "input":
             raise SpecError(f"outputs.{entry.name}: {entry.mode.value} is an input mode")
-        if writable and ctx.settings.attribute_cache_ttl_ms is None:
-            rw = ctx.settings.model_copy(update={"attribute_cache_ttl_ms": RW_ATTRIBUTE_TTL_MS})
-            settings = rw
-        else:
-            settings = ctx.settings
+        settings = ctx.settings
+        if writable and settings.attribute_cache_ttl_ms is None:
+            settings = settings.model_copy(update={"attribute_cache_ttl_ms": RW_ATTRIBUTE_TTL_MS})
         location = ctx.resolve(spec, entry)
         is_file = entry.type is DataType.URI_FILE
         plan = MountPlan(
@@ -71,8 +68,7 @@ class MountHandler:
                 raise UriError(f"{plan.label}: cannot write to a public http(s) URL")
             if is_file and (location.is_folder or not location.key.strip("/")):
                 raise SpecError(f"{plan.label}: a uri_file path must name a file, not a folder")
-            plan = _with(plan, staging=staging_folder(settings, location))
-        if writable:
+            plan = dataclasses.replace(plan, staging=staging_folder(settings, location))
             recorder = activity("mount", output=plan.label, mountpoint=folder)
         else:
             recorder = activity("mount", input=plan.label, mountpoint=folder, mode=plan.mode)
@@ -102,12 +98,6 @@ class MountHandler:
         return how
 
 
-def _with(plan: MountPlan, **changes: object) -> MountPlan:
-    import dataclasses
-
-    return dataclasses.replace(plan, **changes)  # type: ignore[arg-type]
-
-
 def _spawn(ctx: Context, plan: MountPlan) -> None:
     """Start the daemon with the plan on its start-up channel; returns once
     the mount answers. Its environment is this one (a job's
@@ -132,7 +122,7 @@ def _evaluated(ctx: Context, plan: MountPlan) -> MountPlan:
         plan.location, ctx.workspace(), lambda loc: ctx.store(loc, retry)
     )
     listed = [EvalFile(f.eval_path, f.location, f.size, f.etag) for f in files]
-    return _with(plan, eval_files=listed, eval_text=text)
+    return dataclasses.replace(plan, eval_files=listed, eval_text=text)
 
 
 def _check_destination(ctx: Context, location: StorageLocation, is_file: bool) -> None:
