@@ -1,12 +1,17 @@
-"""Command line: parse arguments, read Settings once, call the app.
+"""Command line: parse arguments, read Settings once, call a mode handler
+(modes) or a command of the run context (context).
 
-The only module that reads os.environ and the only one that prints to the
-user. Every DatamountError becomes its message on stderr and its exit code;
-anything unexpected becomes one line plus a traceback in the runtime log.
+It reads os.environ for the commands; below it only the library entry points
+that are their own composition roots do (the fsspec protocol and
+`mltable.load`, for the workspace), and fs/fuse_adapter sets libfuse's
+FUSE_LIBRARY_NAME before mfusepy loads. It prints to the user; the mount
+daemon (mount.serve) prints only to the runtime log its stdio goes to. Every
+DatamountError becomes its message on stderr and its exit code; anything
+unexpected becomes one line plus a traceback in the runtime log.
 
 Start-up time is part of every transfer's wall time (a 1 GiB download takes under
-a second here), so the modules only some commands need (mounting, jobrun, status)
-are imported inside those commands.
+a second here), so the modules only some commands need (modes, mount, jobrun,
+status) are imported inside those commands.
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ from typing import Protocol
 
 from datamount.context import Context
 from datamount.errors import DataError, SpecError
-from datamount.mount.control import mount_key
-from datamount.mount.outputs import read_record
+from datamount.mount.table import mount_key
 from datamount.spec import DataInput, JobSpec, Mode
 from datamount.transfer.progress import Progress
 
@@ -120,6 +119,8 @@ def finish(
 ) -> str:
     """Undo what `prepare` left at `folder`: upload an upload output (registering
     its asset unless `register` is False), or drain and unmount a mount."""
+    from datamount.mount.outputs import read_record  # `download` starts faster without it
+
     folder = Path(mount_key(folder))
     recorded = read_record(ctx.settings.cache_dir, folder) is not None
     mode = Mode.UPLOAD if recorded else Mode.RO_MOUNT

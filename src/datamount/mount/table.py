@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +75,9 @@ def is_stale(mountpoint: Path) -> bool:
 def fusermount(mountpoint: Path, *, lazy: bool = False) -> tuple[bool, str]:
     """`fusermount3 -u` (lazy: `-uz`, detach now, release when unused).
     Returns (success, fusermount's message)."""
+    import shutil
+    import subprocess  # here: `download` imports this module, and never unmounts
+
     exe = shutil.which("fusermount3") or "/usr/bin/fusermount3"
     flags = "-uz" if lazy else "-u"
     try:
