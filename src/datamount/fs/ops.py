@@ -156,13 +156,10 @@ class ReadOnlyFS:
             self._counts["opens"] += 1
         return fh
 
-    def opened(self, fh: int) -> OpenFile:
-        """The open file of `fh`; EBADF when there is none."""
+    def opened(self, fh: int) -> OpenFile | None:
+        """The open file of `fh`, if it is open."""
         with self._lock:
-            file = self._files.get(fh)
-        if file is None:
-            raise os_error(errno.EBADF)
-        return file
+            return self._files.get(fh)
 
     def count(self, **deltas: int) -> None:
         """Add to the counters `counters()` reports (a new name starts at 0)."""
@@ -195,6 +192,8 @@ class ReadOnlyFS:
     def fgetattr(self, fh: int) -> dict[str, int]:
         """Attributes through an open handle (its path may be gone)."""
         file = self.opened(fh)
+        if file is None:
+            raise os_error(errno.EBADF)
         self.count(getattrs=1)
         return self.stat_dict(self.attrs_of(file))
 
