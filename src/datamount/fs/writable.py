@@ -123,6 +123,7 @@ class WritableFS(ReadOnlyFS):
             raise os_error(errno.EACCES, path)
 
     def lookup(self, path: str) -> Attrs:
+        """A path being written shows its staged file (size, time)."""
         staged = self.staged.visible(path.strip("/"))
         if staged is not None:
             return self.staged.attrs(staged)
