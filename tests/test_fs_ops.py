@@ -203,3 +203,19 @@ def test_wait_idle_drains_open_files() -> None:
     assert not fs.wait_idle(0.05)
     threading.Timer(0.1, fs.release, args=(fh,)).start()
     assert fs.wait_idle(5)
+
+
+def test_no_write_side_and_blob_metadata_is_erofs() -> None:
+    store, fs = make({"ds/f.bin": b"x"})
+    assert fs.writes is None  # the daemon has nothing to finish; mounted ro
+    for call, args in [(fs.chmod, ("/f.bin", 0o777)), (fs.chown, ("/f.bin", 1, 1)),
+                       (fs.utimens, ("/f.bin", None)), (fs.link, ("/l", "/f.bin")),
+                       (fs.symlink, ("/s", "/f.bin")), (fs.mknod, ("/n", 0o644, 0)),
+                       (fs.setxattr, ("/f.bin", "user.a", b"1", 0)),
+                       (fs.removexattr, ("/f.bin", "user.a")),
+                       (fs.fallocate, ("/f.bin", 0, 0, 1))]:  # fmt: skip
+        assert errno_of(call, *args) == errno.EROFS
+    fh = fs.open("/f.bin", os.O_RDONLY).fh
+    buf = bytearray(4)
+    assert fs.read_into(fh, 0, memoryview(buf)) == 1 and buf[:1] == b"x"
+    fs.release(fh)

@@ -426,3 +426,32 @@ def test_one_daemon_per_staging_folder(tmp_path: Path) -> None:
         WriteBack(MemoryStore(), tmp_path / "s", WriteBackOptions())
     first.close()
     WriteBack(MemoryStore(), tmp_path / "s", WriteBackOptions()).close()
+
+
+def test_one_handle_table_and_the_write_side_for_the_daemon(tmp_path: Path) -> None:
+    store = MemoryStore({"out/f": b"stored"})
+    fs = make(store, tmp_path / "s")
+    assert fs.writes is fs  # what the daemon finishes at unmount
+    reading = fs.open("/f", os.O_RDONLY).fh
+    writing = fs.create("/g", 0o644, W).fh
+    assert fs.write("/g", b"staged bytes", 0, writing) == 12
+    # a read-only handle refuses writes; a staged handle reads into a buffer
+    assert errno_of(fs.write, "/f", b"x", 0, reading) == errno.EBADF
+    assert errno_of(fs.ftruncate, reading, 0) == errno.EBADF
+    buf = bytearray(20)
+    assert fs.read_into(writing, 7, memoryview(buf)) == 5 and buf[:5] == b"bytes"
+    assert fs.read_into(reading, 0, memoryview(buf)) == 6 and buf[:6] == b"stored"
+    assert fs.fgetattr(writing)["st_size"] == 12 and fs.fgetattr(reading)["st_size"] == 6
+    c = fs.counters()
+    assert c["open_files"] == 2 and c["opens"] == 2 and c["writes"] == 1
+    assert not fs.wait_idle(0.05)  # open handles, staged or not, keep the mount busy
+    # flush / fsync / release of a handle that is not open: nothing to do
+    for call in (fs.flush, fs.fsync, fs.release):
+        call(999)
+    assert errno_of(fs.write, "/g", b"x", 0, 999) == errno.EBADF
+    assert errno_of(fs.fgetattr, 999) == errno.EBADF
+    fs.release(writing)  # the last handle of a dirty file uploads it
+    fs.release(reading)
+    assert store.data("out/g") == b"staged bytes" and fs.wait_idle(1)
+    assert not fs.finish_writes(1)
+    fs.close()

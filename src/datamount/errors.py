@@ -9,6 +9,7 @@ through one table.
 from __future__ import annotations
 
 import errno
+import os
 
 # Exit codes of the CLI. 2 follows the argparse / Unix convention for bad input.
 EXIT_OK = 0
@@ -78,6 +79,13 @@ class OutputError(DatamountError):
     """Outputs could not be written to storage."""
 
     exit_code = EXIT_OUTPUTS
+
+
+def os_error(code: int, what: str = "") -> OSError:
+    """The OSError of errno `code`, naming `what` (a path, a key) when given:
+    the one way the filesystem and write-back layers raise an errno. Python
+    picks the subclass (ENOENT: FileNotFoundError, EISDIR: IsADirectoryError...)."""
+    return OSError(code, os.strerror(code), what) if what else OSError(code, os.strerror(code))
 
 
 class StorageError(OSError):

@@ -6,7 +6,7 @@ other exception is logged with its traceback and becomes EIO — the daemon
 never crashes on a bad request. The only module that imports mfusepy.
 
 Kernel-facing choices (see `run`):
-- read-only (`ro`) unless the filesystem is writable (rw_mount);
+- read-only (`ro`) unless the filesystem has a write side (`fs.writes`: rw_mount);
   multithreaded (libfuse's worker pool, `max_threads`);
 - attr / entry / negative timeouts equal the attribute cache TTL (none set:
   a year, i.e. never), so the kernel caches no longer than the daemon does;
@@ -358,10 +358,11 @@ def run(
     """
     adapter = Adapter(fs, ttl_seconds=ttl_seconds, on_ready=on_ready)
     adapter_ready(adapter)
+    writable = fs.writes is not None
     options: dict[str, Any] = {
         "foreground": True,  # the daemon detaches itself (mountd); libfuse must not fork
         "nothreads": False,
-        "ro": not fs.writable,
+        "ro": not writable,
         "fsname": fsname,
         "subtype": "datamount",
         "max_threads": max_threads,
@@ -370,7 +371,7 @@ def run(
     }
     if allow_other:
         options["allow_other"] = True  # the job may run as another user than the daemon
-    if fs.writable:
+    if writable:
         # unlink of an open file reaches the filesystem as an unlink (its open
         # handles keep their staged bytes), not as a rename to .fuse_hidden*,
         # which over blobs would be a copy + delete and a stray blob.

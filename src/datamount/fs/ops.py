@@ -20,10 +20,16 @@ never enter Python and a changed one never shows stale pages.
 Everything that would write (write, create, mkdir, unlink, rename, truncate,
 chmod, utimens, setxattr, ...) fails with EROFS.
 
+A filesystem that also writes (rw_mount: `fs.writable.WritableFS`) extends
+this one through the hooks of its "hooks" section — what a name's attributes
+and a folder's entries are (`lookup`, `listing`), what an open file reads and
+lets go (`handle_of`, `attrs_of`, `let_go`) — and adds the write operations.
+Its `writes` (None here) is what the daemon finishes at unmount (`Writes`).
+This module imports nothing of the write path.
+
 Threads: FUSE calls in from many threads at once. Handles are independent
 (reads are positional, no shared file position); one lock guards the handle
 tables and counters, never held across a storage request.
-Imports `fs.namespace`, `reader`, `blocks`, `errors`, `staging` (`Leftovers`).
 """
 
 from __future__ import annotations
@@ -34,15 +40,14 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, TypeVar
 
-from datamount.errors import ObjectNotFound, VersionChanged
+from datamount.errors import ObjectNotFound, VersionChanged, os_error
+from datamount.fs.handles import DirStream, Opened, OpenFile
 from datamount.fs.namespace import Attrs, Namespace
 from datamount.read.blocks import ObjectId
 from datamount.read.reader import Reader, ReadHandle
-from datamount.write.journal import Leftovers
 
 T = TypeVar("T")
 
@@ -56,70 +61,37 @@ MAX_VERSIONS = 1_000_000
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
-def _error(code: int, path: str = "") -> OSError:
-    return OSError(code, os.strerror(code), path) if path else OSError(code, os.strerror(code))
-
-
 def read_only(path: str = "") -> OSError:
-    return _error(errno.EROFS, path)
+    return os_error(errno.EROFS, path)
 
 
-@dataclass(frozen=True)
-class Opened:
-    """What `open` returns: the handle id, and whether the kernel may keep the
-    pages it cached for this file (the pinned version is the one it saw)."""
+class Unsaved(Protocol):
+    """What a mount's writes leave only staged at unmount
+    (`write.journal.Leftovers`): true when anything is, one line for the user,
+    and the JSON the `unmount` command reads."""
 
-    fh: int
-    keep_cache: bool
+    def __bool__(self) -> bool: ...
 
+    def describe(self, staging: str = "") -> str: ...
 
-@dataclass
-class _File:
-    path: str
-    obj: ObjectId
-    handle: ReadHandle
+    def to_json(self) -> dict[str, list[list[str]]]: ...
 
 
-class _DirStream:
-    """One open directory: the entries received so far, and the rest of the
-    listing still to come. `entries(offset)` replays what it has and pulls
-    further pages only when the caller gets that far, so the first entries
-    are served while later pages have not been requested yet."""
+class Writes(Protocol):
+    """The write side of a filesystem, as the daemon ends it: after the last
+    FUSE request, wait (up to `timeout` s) for pending uploads; what is still
+    only staged. A read-only filesystem has none (`fs.writes is None`)."""
 
-    def __init__(self, source: Iterator[tuple[str, dict[str, int]]], dot: dict[str, int]) -> None:
-        self._lock = threading.Lock()
-        self._seen: list[tuple[str, dict[str, int]]] = [(".", dot), ("..", dot)]
-        self._source: Iterator[tuple[str, dict[str, int]]] | None = source
-        self._error: OSError | None = None  # a failed page fails every later call too
-
-    def entries(self, offset: int) -> Iterator[tuple[str, dict[str, int], int]]:
-        """(name, stat, offset of the next entry) from entry number `offset` on."""
-        i = offset
-        while True:
-            with self._lock:  # one request at a time per directory handle
-                if i >= len(self._seen) and self._error is not None:
-                    raise self._error
-                if i >= len(self._seen) and self._source is not None:
-                    try:
-                        self._seen.append(next(self._source))
-                    except StopIteration:
-                        self._source = None
-                    except OSError as exc:
-                        self._source, self._error = None, exc
-                        raise
-                if i >= len(self._seen):
-                    return
-                name, st = self._seen[i]
-            # Yield outside the lock: the caller may stop here for good.
-            yield name, st, i + 1
-            i += 1
+    def finish_writes(self, timeout: float) -> Unsaved: ...
 
 
 class ReadOnlyFS:
     """The filesystem the FUSE adapter serves. Paths are FUSE paths ('/a/b').
-    `fs.writable.WritableFS` extends it for rw_mount."""
+    `fs.writable.WritableFS` extends it for rw_mount (see the hooks)."""
 
-    writable = False  # the adapter mounts read-only unless this is True
+    file_mode = FILE_MODE
+    dir_mode = DIR_MODE
+    writes: Writes | None = None  # None: nothing to finish at unmount, mounted `ro`
 
     def __init__(
         self,
@@ -138,8 +110,8 @@ class ReadOnlyFS:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._ids = itertools.count(1)
-        self._files: dict[int, _File] = {}
-        self._dirs: dict[int, _DirStream] = {}
+        self._files: dict[int, OpenFile] = {}
+        self._dirs: dict[int, DirStream] = {}
         self._versions: dict[str, str] = {}  # blob key -> etag the last open pinned
         self._inflight = 0
         self._counts = {
@@ -152,13 +124,56 @@ class ReadOnlyFS:
             "readdirs": 0,
         }
 
+    # -- hooks: what a filesystem that also writes (fs.writable) answers otherwise
+
+    def lookup(self, path: str) -> Attrs:
+        """The attributes of `path` (FileNotFoundError when there is none)."""
+        return self.namespace.getattr(path)
+
+    def listing(self, path: str) -> Iterable[tuple[str, Attrs]]:
+        """The entries of folder `path`, streamed."""
+        return self.namespace.list_dir(path)
+
+    def handle_of(self, file: OpenFile) -> ReadHandle:
+        """What a read of `file` reads, asked at every read."""
+        return file.handle
+
+    def attrs_of(self, file: OpenFile) -> Attrs:
+        """The attributes of an open file (fstat; its path may be gone)."""
+        return self.lookup(file.path)
+
+    def let_go(self, file: OpenFile) -> None:
+        """`file` was released, its last request over: close what it holds."""
+        file.handle.close()
+
+    # -- for those hooks: the handle table and the counters ----------------------
+
+    def add_file(self, file: OpenFile) -> int:
+        """Register an open file; its handle id (counted as an open)."""
+        with self._lock:
+            fh = next(self._ids)
+            self._files[fh] = file
+            self._counts["opens"] += 1
+        return fh
+
+    def opened(self, fh: int) -> OpenFile | None:
+        """The open file of `fh`, if it is open."""
+        with self._lock:
+            return self._files.get(fh)
+
+    def count(self, **deltas: int) -> None:
+        """Add to the counters `counters()` reports (a new name starts at 0)."""
+        with self._lock:
+            for name, n in deltas.items():
+                self._counts[name] = self._counts.get(name, 0) + n
+
     # -- attributes ------------------------------------------------------------
 
     def stat_dict(self, attrs: Attrs) -> dict[str, int]:
         """A stat(2) dict; times in nanoseconds, as the adapter hands them to FUSE."""
         mtime = int(attrs.mtime * NS)
         st = {
-            "st_mode": DIR_MODE if attrs.is_dir else FILE_MODE,
+            "st_mode": self.dir_mode if attrs.is_dir else self.file_mode,
             "st_nlink": 2 if attrs.is_dir else 1,
             "st_size": attrs.size,
             "st_blocks": (attrs.size + 511) // 512,
@@ -171,22 +186,21 @@ class ReadOnlyFS:
         return st
 
     def getattr(self, path: str) -> dict[str, int]:
-        with self._lock:
-            self._counts["getattrs"] += 1
-        return self.stat_dict(self.namespace.getattr(path))
+        self.count(getattrs=1)
+        return self.stat_dict(self.lookup(path))
 
     def fgetattr(self, fh: int) -> dict[str, int]:
         """Attributes through an open handle (its path may be gone)."""
-        with self._lock:
-            file = self._files.get(fh)
+        file = self.opened(fh)
         if file is None:
-            raise _error(errno.EBADF)
-        return self.getattr(file.path)
+            raise os_error(errno.EBADF)
+        self.count(getattrs=1)
+        return self.stat_dict(self.attrs_of(file))
 
     def access(self, path: str, mode: int) -> None:
-        if mode & os.W_OK:
+        if mode & os.W_OK and self.writes is None:
             raise read_only(path)
-        self.namespace.getattr(path)
+        self.lookup(path)
 
     def statfs(self) -> dict[str, int]:
         # Nothing to count without listing the whole tree; 0 blocks marks a
@@ -205,14 +219,14 @@ class ReadOnlyFS:
     # -- directories -----------------------------------------------------------
 
     def opendir(self, path: str) -> int:
-        attrs = self.namespace.getattr(path)
+        attrs = self.lookup(path)
         if not attrs.is_dir:
-            raise _error(errno.ENOTDIR, path)
-        listing = self.namespace.list_dir(path)
+            raise os_error(errno.ENOTDIR, path)
+        listing = self.listing(path)
         source = ((name, self.stat_dict(a)) for name, a in listing)
         with self._lock:
             dh = next(self._ids)
-            self._dirs[dh] = _DirStream(source, self.stat_dict(attrs))
+            self._dirs[dh] = DirStream(source, self.stat_dict(attrs))
             self._counts["readdirs"] += 1
         return dh
 
@@ -221,7 +235,7 @@ class ReadOnlyFS:
         with self._lock:
             stream = self._dirs.get(dh)
         if stream is None:
-            raise _error(errno.EBADF)
+            raise os_error(errno.EBADF)
         return stream.entries(offset)
 
     def releasedir(self, dh: int) -> None:
@@ -231,21 +245,19 @@ class ReadOnlyFS:
     # -- files -----------------------------------------------------------------
 
     def open(self, path: str, flags: int) -> Opened:
+        """Open the blob at `path` for reading, pinned to the version it has now."""
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & _WRITE_FLAGS:
             raise read_only(path)
         attrs = self.namespace.getattr(path)
         if attrs.is_dir:
-            raise _error(errno.EISDIR, path)
+            raise os_error(errno.EISDIR, path)
         obj = ObjectId(self.store_id, attrs.key, attrs.etag, attrs.size)
-        handle = self.reader.open(obj)
+        fh = self.add_file(OpenFile(path, self.reader.open(obj), obj))
         with self._lock:
-            fh = next(self._ids)
-            self._files[fh] = _File(path, obj, handle)
             keep = self._versions.pop(obj.key, None) == obj.etag
             self._versions[obj.key] = obj.etag  # now the newest: dicts keep insertion order
             if len(self._versions) > MAX_VERSIONS:
                 del self._versions[next(iter(self._versions))]
-            self._counts["opens"] += 1
         return Opened(fh, keep)
 
     def read(self, fh: int, offset: int, size: int) -> bytes:
@@ -253,23 +265,23 @@ class ReadOnlyFS:
 
     def read_into(self, fh: int, offset: int, view: memoryview) -> int:
         """Like read, into `view` (the FUSE request's buffer); the byte count.
-        A handle with its own read_into (block mode) copies straight into it."""
-        return self._read(fh, lambda handle: read_into(handle, offset, view), int)
+        A block-mode handle copies its blocks' bytes straight into it."""
+        return self._read(fh, lambda handle: handle.read_into(offset, view), int)
 
     def _read(self, fh: int, body: Callable[[ReadHandle], T], count: Callable[[T], int]) -> T:
-        """Run `body` on the handle of `fh`, with the bookkeeping (`count` of
-        its result: the bytes read) and error mapping every read shares."""
+        """Run `body` on what `fh` reads, with the bookkeeping (`count` of its
+        result: the bytes read) and error mapping every read shares."""
         with self._lock:
             file = self._files.get(fh)
             if file is None:
-                raise _error(errno.EBADF)
+                raise os_error(errno.EBADF)
             self._inflight += 1
         try:
-            result = body(file.handle)
+            result = body(self.handle_of(file))
         except OSError as exc:
             if isinstance(exc, VersionChanged | ObjectNotFound) or exc.errno == errno.ESTALE:
                 self._stale(file)
-                raise _error(errno.ESTALE, file.path) from exc
+                raise os_error(errno.ESTALE, file.path) from exc
             with self._lock:
                 self._counts["read_errors"] += 1
             raise
@@ -282,12 +294,13 @@ class ReadOnlyFS:
             self._counts["bytes_read"] += count(result)
         return result
 
-    def _stale(self, file: _File) -> None:
+    def _stale(self, file: OpenFile) -> None:
         self.namespace.invalidate(file.path)
         with self._lock:
             self._counts["stale_reads"] += 1
-            if self._versions.get(file.obj.key) == file.obj.etag:
-                del self._versions[file.obj.key]
+            obj = file.obj
+            if obj is not None and self._versions.get(obj.key) == obj.etag:
+                del self._versions[obj.key]
 
     def flush(self, fh: int) -> None:
         """close(2) of a handle: nothing to write back here."""
@@ -299,7 +312,7 @@ class ReadOnlyFS:
             file = self._files.pop(fh, None)
             self._idle.notify_all()
         if file is not None:
-            file.handle.close()
+            self.let_go(file)
 
     # -- lifecycle and observability -------------------------------------------
 
@@ -307,21 +320,12 @@ class ReadOnlyFS:
         """Wait until no file is open and no read is running; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._busy():
+            while self._files or self._inflight:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._idle.wait(left)
             return True
-
-    def _busy(self) -> bool:
-        """Files open or reads running (under the lock): wait_idle waits on it."""
-        return bool(self._files or self._inflight)
-
-    def finish_writes(self, timeout: float) -> Leftovers:
-        """At unmount, after the last request: what could not be uploaded
-        (nothing here: nothing is ever written)."""
-        return Leftovers()
 
     def counters(self) -> dict[str, int]:
         with self._lock:
@@ -332,13 +336,14 @@ class ReadOnlyFS:
         return counts
 
     def close(self) -> None:
+        """The daemon stops: close every handle still open (no `let_go`)."""
         with self._lock:
             files, self._files = list(self._files.values()), {}
             self._dirs.clear()
         for file in files:
             file.handle.close()
 
-    # -- everything that writes ------------------------------------------------
+    # -- everything that writes: EROFS (fs.writable serves these) -------------
 
     def create(self, path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> Opened:
         raise read_only(path)
@@ -358,23 +363,34 @@ class ReadOnlyFS:
     def _refuse(self, path: str, *args: object) -> int:
         raise read_only(path)
 
-    mknod = unlink = rmdir = chmod = chown = utimens = _refuse
-    setxattr = removexattr = fallocate = _refuse
+    unlink = rmdir = _refuse
 
     def rename(self, old: str, new: str, *args: object) -> int:
         raise read_only(old)
 
+    # -- what blobs do not have: EROFS on a read-only mount; on a writable one
+    # the namespace's own answer (the same for every writable mount) ---------
+
+    def chmod(self, path: str, *_: object) -> int:
+        """Accepted and ignored when writable: blobs have no mode or owner, and
+        their time is the service's last-modified time."""
+        if self.writes is None:
+            raise read_only(path)
+        self.lookup(path)
+        return 0
+
+    chown = utimens = chmod
+
     def link(self, target: str, source: str) -> int:
-        raise read_only(target)
+        raise self._refusal(errno.EPERM, target)  # no links in a blob namespace
 
     symlink = link
 
+    def _unsupported(self, path: str, *_: object) -> int:
+        # callers fall back (fallocate) or skip (xattrs)
+        raise self._refusal(errno.EOPNOTSUPP, path)
 
-def read_into(handle: ReadHandle, offset: int, view: memoryview) -> int:
-    """`handle`'s read_into where it has one, else its read copied into `view`."""
-    fast = getattr(handle, "read_into", None)
-    if fast is not None:
-        return int(fast(offset, view))
-    data = handle.read(offset, len(view))
-    view[: len(data)] = data
-    return len(data)
+    mknod = setxattr = removexattr = fallocate = _unsupported
+
+    def _refusal(self, code: int, path: str) -> OSError:
+        return read_only(path) if self.writes is None else os_error(code, path)

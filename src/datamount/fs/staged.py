@@ -13,42 +13,81 @@ One job: the table `path -> writeback.Staged` and its lifecycle, so that
   dropped (`drop_if_done`) and reads go back to the read-only path.
 - Every upload invalidates the namespace's entry for the path, so the next
   lookup after the drop sees the new version.
+- `start_recovery` uploads, in the background, what a previous mount left
+  staged; `finish` (at unmount) waits for it, retries what is still to
+  upload, and says what is left only staged (`journal.Leftovers`).
+- `rename_file` / `rename_dir`: staged files follow their names (rekeyed,
+  with their journal entries); the blobs move through `fs.folders`.
 - `key` / `rel_of` map paths to blob keys: under the mounted prefix, or for a
   uri_file mount (`namespace.file_key`) the one blob.
 
-Threads: any FUSE thread. `_lock` guards the table and handle counts and is
-never held across I/O; `choosing` (taken by the filesystem around "attach or
-stage", renames and unlinks) makes those decisions atomic per mount.
-Imports `fs.namespace`, `writeback`, `reader`, `blocks`, `errors`.
+Threads: any FUSE thread, and one "reupload" thread at start. `_lock`
+guards the table and handle counts and is never held across I/O; `choosing`
+(taken around "attach or stage", renames and unlinks) makes those decisions
+atomic per mount.
+
+It stays in fs/ (not write/): it is the namespace's view of the staged files
+(paths, `Attrs`, invalidations), so in write/ it would make the write path
+import fs/.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
 import threading
+import time
 
+from datamount.errors import ObjectNotFound, os_error
+from datamount.fs.folders import Folders
 from datamount.fs.namespace import Attrs, Namespace, split
 from datamount.read.blocks import ObjectId
 from datamount.read.reader import Reader
+from datamount.write.journal import Leftovers
 from datamount.write.writeback import Staged, WriteBack
 
+log = logging.getLogger("datamount.fs.staged")
 
-def _error(code: int, what: str) -> OSError:
-    return OSError(code, os.strerror(code), what)
+
+class StagedView:
+    """A staged file as a `ReadHandle`: reads are preads of what is written
+    so far (a reader of a file being written sees the writes). Closing it
+    closes nothing: the staged file's life is the table's (`detach`)."""
+
+    def __init__(self, staged: Staged) -> None:
+        self.staged = staged
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.staged.read(offset, size)
+
+    def read_into(self, offset: int, view: memoryview) -> int:
+        return os.preadv(self.staged.fd, [view], offset)
+
+    def close(self) -> None:
+        return None
 
 
 class StagedFiles:
     def __init__(
-        self, namespace: Namespace, reader: Reader, writeback: WriteBack, *, store_id: str
+        self,
+        namespace: Namespace,
+        reader: Reader,
+        writeback: WriteBack,
+        folders: Folders,
+        *,
+        store_id: str,
     ) -> None:
         self.namespace = namespace
         self.reader = reader
         self.writeback = writeback
+        self.folders = folders
         self.store_id = store_id
         self.choosing = threading.Lock()
         self._lock = threading.Lock()
         self._by_path: dict[str, Staged] = {}  # path relative to the mount -> staged file
+        self._recovery: threading.Thread | None = None
 
     # -- names -------------------------------------------------------------------
 
@@ -149,7 +188,7 @@ class StagedFiles:
             finally:
                 handle.close()
         except Exception as exc:
-            staged.error = exc if isinstance(exc, OSError) else _error(errno.EIO, staged.key)
+            staged.error = exc if isinstance(exc, OSError) else os_error(errno.EIO, staged.key)
             self._remove(staged)
             staged.ready.set()
             self.unwind(staged)
@@ -209,6 +248,106 @@ class StagedFiles:
             idle = staged.handles == 0
         if idle:
             self.writeback.discard(staged)
+
+    # -- renames ----------------------------------------------------------------------
+
+    def rename_file(self, o_rel: str, n_rel: str) -> None:
+        """rename(2) of a file: a staged file follows its name (and replaces the
+        target's); the blob moves, or, when the staged file has writes not
+        uploaded, the old blob is deleted and the staged file uploads under
+        the new name."""
+        old_key, new_key = self.key(o_rel), self.key(n_rel)
+        with self.choosing:
+            staged = self.pop(o_rel)
+            replaced = self.pop(n_rel)
+            if replaced is not None:
+                self.forget(replaced)
+            try:
+                if staged is None:
+                    self.folders.move_file(old_key, new_key)
+                    return
+                with staged.lock:  # waits for an upload of it in progress
+                    if not staged.dirty:
+                        self.folders.move_file(old_key, new_key)
+                    else:
+                        with contextlib.suppress(ObjectNotFound):  # never uploaded under it
+                            self.namespace.store.delete(old_key)
+                    self.writeback.rekey(staged, new_key)
+                self.put(staged)
+            finally:
+                self.namespace.invalidate("/" + o_rel)
+                self.namespace.invalidate("/" + n_rel)
+        if staged is not None and staged.handles == 0 and staged.dirty:
+            self.upload(staged, "rename")
+            self.drop_if_done(staged)
+
+    def rename_dir(self, o_rel: str, n_rel: str) -> None:
+        """rename(2) of a folder: every blob under it moves, every staged file
+        under it follows."""
+        new_prefix = self.key(n_rel) + "/"
+        with self.choosing:
+            moved = self.pop_below(o_rel)
+            try:
+                self.folders.move_folder(self.key(o_rel), self.key(n_rel))
+            finally:
+                for r, staged in moved:
+                    with staged.lock:
+                        self.writeback.rekey(staged, new_prefix + r[len(o_rel) + 1 :])
+                    self.put(staged)
+                self.namespace.invalidate_tree("/" + o_rel)
+                self.namespace.invalidate_tree("/" + n_rel)
+
+    # -- a mount's start and end --------------------------------------------------------
+
+    def start_recovery(self) -> int:
+        """Upload, in the background, what a previous mount left staged;
+        returns how many files. They are served from staging meanwhile."""
+        recovered = self.writeback.recover()
+        if not recovered:
+            return 0
+        for staged in recovered:
+            self.put(staged)
+
+        def run() -> None:
+            for staged in recovered:
+                try:
+                    self.upload(staged, "recovery")
+                except OSError:
+                    continue  # logged; stays staged for the unmount retry
+                self.drop_if_done(staged)
+
+        self._recovery = threading.Thread(target=run, name="reupload", daemon=True)
+        self._recovery.start()
+        return len(recovered)
+
+    def finish(self, timeout: float) -> Leftovers:
+        """At unmount: wait for the re-uploads, retry failed uploads once (all
+        within `timeout` s); returns what is still only staged (named in the
+        log; the caller exits with EXIT_OUTPUTS). A file still open for
+        writing (a forced unmount) is not uploaded: its writer never closed
+        it, so it may be incomplete."""
+        deadline = time.monotonic() + timeout
+        if self._recovery is not None:
+            self._recovery.join(max(0.0, deadline - time.monotonic()))
+        pending = [s for s in self.all() if s.dirty and s.handles == 0]
+        if pending:
+            log.info("unmount: %d files to upload before leaving (%.0f s at most)",
+                     len(pending), timeout)  # fmt: skip
+        for staged in pending:
+            if time.monotonic() >= deadline:
+                break
+            try:
+                self.upload(staged, "unmount retry")
+            except OSError:
+                continue
+            self.drop_if_done(staged)
+        left = self.writeback.leftovers()
+        for key, _ in left.to_upload:
+            log.error("not uploaded, kept in staging %s: %s", self.writeback.directory, key)
+        for key, path in left.never_closed:
+            log.error("still open for writing at unmount, not uploaded (kept in %s): %s",
+                      path, key)  # fmt: skip
+        return left
 
     def close(self) -> None:
         """The daemon stops: keep what is not uploaded (journal), drop the rest."""

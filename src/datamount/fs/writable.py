@@ -33,37 +33,35 @@ One job: the write side of the FUSE filesystem, testable without a kernel
 - The namespace's caches are invalidated by every change made here; the
   kernel's own caches follow its dentries.
 
-The table of staged files and their lifecycle is `fs.staged.StagedFiles`.
+The table of staged files, their lifecycle and how they follow a rename are
+`fs.staged.StagedFiles`. ReadOnlyFS's hooks carry what else differs: names
+and listings show staged files (`lookup`, `listing`); a handle on a staged
+file reads it (`handle_of`, `attrs_of`) and uploads it at release (`let_go`).
+The filesystem is its own `writes` (`finish_writes`, for the daemon).
 
-Threads: any FUSE thread. `_lock` (ReadOnlyFS's) guards the handle tables
-and counters and is never held across I/O; `staged.choosing` makes "attach
-to the staged file of this path or create it", renames and unlinks atomic
-(the copy of an existing blob runs after it is released). Imports `fs.ops`,
-`fs.staged`, `fs.namespace`, `writeback`, `reader`, `errors`.
+Threads: any FUSE thread. ReadOnlyFS's lock guards the handle table and
+counters and is never held across I/O; `staged.choosing` makes "attach to
+the staged file of this path or create it", renames and unlinks atomic (the
+copy of an existing blob runs after it is released).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import stat
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 
-from datamount.errors import ObjectNotFound
+from datamount.errors import ObjectNotFound, os_error
 from datamount.fs.folders import Folders, folders_for
+from datamount.fs.handles import Opened, OpenFile
 from datamount.fs.namespace import Attrs, Namespace, split
-from datamount.fs.ops import NAME_MAX, Opened, ReadOnlyFS, _DirStream, _error
-from datamount.fs.staged import StagedFiles
-from datamount.read.reader import Reader
+from datamount.fs.ops import NAME_MAX, ReadOnlyFS, Writes
+from datamount.fs.staged import StagedFiles, StagedView
+from datamount.read.reader import Reader, ReadHandle
 from datamount.write.journal import Leftovers
 from datamount.write.writeback import Staged, WriteBack
-
-log = logging.getLogger("datamount.fs.writable")
 
 # Blobs have no mode: every file shows executable (blobfuse2 shows 0777), so a
 # script a job writes to an output can be run from it; chmod changes nothing.
@@ -72,16 +70,21 @@ RW_DIR_MODE = stat.S_IFDIR | 0o755
 _WRITING = os.O_TRUNC | os.O_APPEND
 
 
-@dataclass
-class _Handle:
-    staged: Staged
-    writable: bool
+class _OnStaged(OpenFile):
+    """A handle on a staged file (opened for writing, or while the path is
+    being written): one of the handles `StagedFiles` counts on it."""
+
+    def __init__(self, path: str, staged: Staged, writable: bool) -> None:
+        super().__init__(path, StagedView(staged))
+        self.staged = staged
+        self.writable = writable
 
 
 class WritableFS(ReadOnlyFS):
     """ReadOnlyFS plus writes; the FUSE adapter mounts it read-write."""
 
-    writable = True
+    file_mode = RW_FILE_MODE
+    dir_mode = RW_DIR_MODE
 
     def __init__(
         self,
@@ -95,13 +98,12 @@ class WritableFS(ReadOnlyFS):
         folders: Folders | None = None,
     ) -> None:
         super().__init__(namespace, reader, store_id=store_id, uid=uid, gid=gid)
+        self.writes: Writes | None = self
         self.store = namespace.store
         self.folders = folders if folders is not None else folders_for(self.store)
         self.writeback = writeback
-        self.staged = StagedFiles(namespace, reader, writeback, store_id=store_id)
-        self._handles: dict[int, _Handle] = {}
-        self._recovery: threading.Thread | None = None
-        self._counts.update(writes=0, bytes_written=0, creates=0, mkdirs=0, renames=0, deletes=0)
+        self.staged = StagedFiles(namespace, reader, writeback, self.folders, store_id=store_id)
+        self.count(writes=0, bytes_written=0, creates=0, mkdirs=0, renames=0, deletes=0)
 
     # -- names -------------------------------------------------------------------
 
@@ -111,16 +113,17 @@ class WritableFS(ReadOnlyFS):
         reads `\\` as `/`, so `a\\b` would come back as the folder `a`)."""
         name = split(path)[1]
         if len(name.encode()) > NAME_MAX:
-            raise _error(errno.ENAMETOOLONG, path)
+            raise os_error(errno.ENAMETOOLONG, path)
         if "\\" in name:
-            raise _error(errno.EINVAL, path)
+            raise os_error(errno.EINVAL, path)
 
     def _only_the_file(self, path: str) -> None:
         """A uri_file mount holds its one name: no other file or folder."""
         if self.namespace.file_key is not None and path.strip("/") != self.namespace.file_name:
-            raise _error(errno.EACCES, path)
+            raise os_error(errno.EACCES, path)
 
-    def _attrs(self, path: str) -> Attrs:
+    def lookup(self, path: str) -> Attrs:
+        """A path being written shows its staged file (size, time)."""
         staged = self.staged.visible(path.strip("/"))
         if staged is not None:
             return self.staged.attrs(staged)
@@ -128,7 +131,7 @@ class WritableFS(ReadOnlyFS):
 
     def _find(self, path: str) -> Attrs | None:
         try:
-            return self._attrs(path)
+            return self.lookup(path)
         except FileNotFoundError:
             return None
 
@@ -136,31 +139,54 @@ class WritableFS(ReadOnlyFS):
         parent = "/" + split(path)[0]
         attrs = self._find(parent)
         if attrs is None:
-            raise _error(errno.ENOENT, parent)
+            raise os_error(errno.ENOENT, parent)
         if not attrs.is_dir:
-            raise _error(errno.ENOTDIR, parent)
+            raise os_error(errno.ENOTDIR, parent)
 
-    # -- attributes and listings ---------------------------------------------------
+    # -- the hooks of ReadOnlyFS ------------------------------------------------------
 
-    def stat_dict(self, attrs: Attrs) -> dict[str, int]:
-        st = super().stat_dict(attrs)
-        st["st_mode"] = RW_DIR_MODE if attrs.is_dir else RW_FILE_MODE
-        return st
+    def listing(self, path: str) -> Iterable[tuple[str, Attrs]]:
+        """The stored entries, each shown as its staged file where there is one,
+        then the staged files not stored yet."""
+        local = self.staged.in_dir(path.strip("/"))
+        overlay = {name: self.staged.attrs(s) for name, s in local.items()}
+        listing = self.namespace.list_dir(path)
 
-    def getattr(self, path: str) -> dict[str, int]:
-        with self._lock:
-            self._counts["getattrs"] += 1
-        return self.stat_dict(self._attrs(path))
+        def merged() -> Iterator[tuple[str, Attrs]]:
+            for name, a in listing:
+                yield name, overlay.pop(name, a)
+            yield from overlay.items()
 
-    def fgetattr(self, fh: int) -> dict[str, int]:
-        with self._lock:
-            handle = self._handles.get(fh)
-        if handle is None:
-            return super().fgetattr(fh)
-        return self.stat_dict(self.staged.attrs(handle.staged))
+        return merged()
 
-    def access(self, path: str, mode: int) -> None:
-        self._attrs(path)
+    def handle_of(self, file: OpenFile) -> ReadHandle:
+        if isinstance(file, _OnStaged):
+            return file.handle
+        # opened read-only before a writer staged the path: show the writes
+        staged = self.staged.visible(file.path.strip("/"))
+        return file.handle if staged is None else StagedView(staged)
+
+    def attrs_of(self, file: OpenFile) -> Attrs:
+        if isinstance(file, _OnStaged):
+            return self.staged.attrs(file.staged)
+        return super().attrs_of(file)
+
+    def let_go(self, file: OpenFile) -> None:
+        if not isinstance(file, _OnStaged):
+            super().let_go(file)
+            return
+        # A failed upload is already logged; the bytes stay staged (journal).
+        with contextlib.suppress(OSError):
+            self.staged.detach(file.staged, upload=file.writable, why="release")
+
+    def _on_staged(self, fh: int, path: str = "") -> _OnStaged:
+        """The handle of `fh` opened for writing; EBADF otherwise."""
+        file = self.opened(fh)
+        if not isinstance(file, _OnStaged) or not file.writable:
+            raise os_error(errno.EBADF, path)
+        return file
+
+    # -- space and folders -----------------------------------------------------------
 
     def statfs(self) -> dict[str, int]:
         """The staging disk's free space above the reserve: what can be written."""
@@ -177,41 +203,15 @@ class WritableFS(ReadOnlyFS):
             "f_namemax": NAME_MAX,
         }
 
-    def opendir(self, path: str) -> int:
-        attrs = self._attrs(path)
-        if not attrs.is_dir:
-            raise _error(errno.ENOTDIR, path)
-        local = self.staged.in_dir(path.strip("/"))
-        overlay = {name: self.staged.attrs(s) for name, s in local.items()}
-        listing = self.namespace.list_dir(path)
-
-        def merged() -> Iterator[tuple[str, dict[str, int]]]:
-            for name, a in listing:
-                yield name, self.stat_dict(overlay.pop(name, a))
-            for name, a in overlay.items():
-                yield name, self.stat_dict(a)
-
-        with self._lock:
-            dh = next(self._ids)
-            self._dirs[dh] = _DirStream(merged(), self.stat_dict(attrs))
-            self._counts["readdirs"] += 1
-        return dh
-
     def _is_empty(self, path: str) -> bool:
         if self.staged.any_below(path.strip("/")):
             return False
         return next(iter(self.namespace.list_dir(path)), None) is None
 
-    # -- handles ---------------------------------------------------------------------
-
-    def _open_handle(self, staged: Staged, writable: bool) -> Opened:
-        with self._lock:
-            fh = next(self._ids)
-            self._handles[fh] = _Handle(staged, writable)
-            self._counts["opens"] += 1
-        return Opened(fh, keep_cache=False)
-
     # -- files -----------------------------------------------------------------------
+
+    def _open_staged(self, path: str, staged: Staged, writable: bool) -> Opened:
+        return Opened(self.add_file(_OnStaged(path, staged, writable)), keep_cache=False)
 
     def open(self, path: str, flags: int) -> Opened:
         rel = path.strip("/")
@@ -225,7 +225,7 @@ class WritableFS(ReadOnlyFS):
                     return super().open(path, flags & ~(os.O_CREAT | os.O_EXCL))
                 attrs = self.namespace.getattr(path)
                 if attrs.is_dir:
-                    raise _error(errno.EISDIR, path)
+                    raise os_error(errno.EISDIR, path)
                 staged, fill = self.staged.stage(rel, copy=None if truncate else attrs)
                 created = True
             else:
@@ -240,7 +240,7 @@ class WritableFS(ReadOnlyFS):
             except BaseException:
                 self.staged.unwind(staged)
                 raise
-        return self._open_handle(staged, writing)
+        return self._open_staged(path, staged, writing)
 
     def create(self, path: str, mode: int = 0o644, flags: int = os.O_WRONLY) -> Opened:
         rel = path.strip("/")
@@ -251,7 +251,7 @@ class WritableFS(ReadOnlyFS):
             staged = self.staged.attach(rel)
             if staged is not None and flags & os.O_EXCL:
                 self.staged.unwind(staged)
-                raise _error(errno.EEXIST, path)
+                raise os_error(errno.EEXIST, path)
             if staged is None:
                 staged, _ = self.staged.stage(rel, copy=None)
         self.staged.wait_ready(staged)
@@ -263,40 +263,12 @@ class WritableFS(ReadOnlyFS):
         except BaseException:
             self.staged.unwind(staged)
             raise
-        with self._lock:
-            self._counts["creates"] += 1
-        return self._open_handle(staged, True)
-
-    def read(self, fh: int, offset: int, size: int) -> bytes:
-        with self._lock:
-            handle = self._handles.get(fh)
-            file = self._files.get(fh)
-        staged = handle.staged if handle is not None else None
-        if staged is None and file is not None:
-            # opened read-only before a writer staged the path: show the writes
-            staged = self.staged.visible(file.path.strip("/"))
-        if staged is None:
-            return super().read(fh, offset, size)
-        data = staged.read(offset, size)
-        with self._lock:
-            self._counts["reads"] += 1
-            self._counts["bytes_read"] += len(data)
-        return data
-
-    def read_into(self, fh: int, offset: int, view: memoryview) -> int:
-        data = self.read(fh, offset, len(view))  # staged files are read whole-range
-        view[: len(data)] = data
-        return len(data)
+        self.count(creates=1)
+        return self._open_staged(path, staged, True)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
-        with self._lock:
-            handle = self._handles.get(fh)
-        if handle is None or not handle.writable:
-            raise _error(errno.EBADF, path)
-        done = self.writeback.write(handle.staged, data, offset)
-        with self._lock:
-            self._counts["writes"] += 1
-            self._counts["bytes_written"] += done
+        done = self.writeback.write(self._on_staged(fh, path).staged, data, offset)
+        self.count(writes=1, bytes_written=done)
         return done
 
     def truncate(self, path: str, length: int) -> int:
@@ -308,7 +280,7 @@ class WritableFS(ReadOnlyFS):
             if staged is None:
                 attrs = self.namespace.getattr(path)
                 if attrs.is_dir:
-                    raise _error(errno.EISDIR, path)
+                    raise os_error(errno.EISDIR, path)
                 if attrs.size == length:
                     return 0
                 staged, fill = self.staged.stage(rel, copy=attrs if length else None)
@@ -324,43 +296,26 @@ class WritableFS(ReadOnlyFS):
         return 0
 
     def ftruncate(self, fh: int, length: int) -> int:
-        with self._lock:
-            handle = self._handles.get(fh)
-        if handle is None or not handle.writable:
-            raise _error(errno.EBADF)
-        self.writeback.truncate(handle.staged, length)
+        self.writeback.truncate(self._on_staged(fh).staged, length)
         return 0
 
     def flush(self, fh: int) -> None:
-        with self._lock:
-            handle = self._handles.get(fh)
-        if handle is not None and handle.writable:
-            self.writeback.close_dirty(handle.staged)
-            self.staged.upload(handle.staged, "close")
+        file = self.opened(fh)
+        if isinstance(file, _OnStaged) and file.writable:
+            self.writeback.close_dirty(file.staged)
+            self.staged.upload(file.staged, "close")
 
     def fsync(self, fh: int) -> None:
-        with self._lock:
-            handle = self._handles.get(fh)
-        if handle is not None:
-            self.staged.upload(handle.staged, "fsync")
-
-    def release(self, fh: int) -> None:
-        with self._lock:
-            handle = self._handles.pop(fh, None)
-            self._idle.notify_all()
-        if handle is None:
-            super().release(fh)
-            return
-        # A failed upload is already logged; the bytes stay staged (journal).
-        with contextlib.suppress(OSError):
-            self.staged.detach(handle.staged, upload=handle.writable, why="release")
+        file = self.opened(fh)
+        if isinstance(file, _OnStaged):
+            self.staged.upload(file.staged, "fsync")
 
     # -- names: unlink, mkdir, rmdir, rename -----------------------------------------
 
     def unlink(self, path: str, *_: object) -> int:
         rel = path.strip("/")
-        if self._attrs(path).is_dir:
-            raise _error(errno.EISDIR, path)
+        if self.lookup(path).is_dir:
+            raise os_error(errno.EISDIR, path)
         with self.staged.choosing:
             staged = self.staged.pop(rel)
             if staged is not None:
@@ -369,38 +324,36 @@ class WritableFS(ReadOnlyFS):
                 self.store.delete(self.staged.key(rel))
             except ObjectNotFound:
                 if staged is None:
-                    raise _error(errno.ENOENT, path) from None
+                    raise os_error(errno.ENOENT, path) from None
             finally:
                 self.namespace.invalidate(path)
-        with self._lock:
-            self._counts["deletes"] += 1
+        self.count(deletes=1)
         return 0
 
     def mkdir(self, path: str, mode: int = 0o755) -> int:
         rel = path.strip("/")
         self._new_name(path)
         if self._find(path) is not None:
-            raise _error(errno.EEXIST, path)
+            raise os_error(errno.EEXIST, path)
         if self.namespace.file_key is not None:
-            raise _error(errno.EACCES, path)
+            raise os_error(errno.EACCES, path)
         self._parent_dir(path)
         try:
             self.folders.make(self.staged.key(rel))
         finally:
             self.namespace.invalidate(path)
-        with self._lock:
-            self._counts["mkdirs"] += 1
+        self.count(mkdirs=1)
         return 0
 
     def rmdir(self, path: str, *_: object) -> int:
         rel = path.strip("/")
         if not rel:
-            raise _error(errno.EBUSY, path)
+            raise os_error(errno.EBUSY, path)
         self.namespace.invalidate_tree(path)  # decide emptiness on a fresh listing
-        if not self._attrs(path).is_dir:
-            raise _error(errno.ENOTDIR, path)
+        if not self.lookup(path).is_dir:
+            raise os_error(errno.ENOTDIR, path)
         if not self._is_empty(path):
-            raise _error(errno.ENOTEMPTY, path)
+            raise os_error(errno.ENOTEMPTY, path)
         try:
             self.folders.remove(self.staged.key(rel))
         finally:
@@ -412,152 +365,46 @@ class WritableFS(ReadOnlyFS):
         if o_rel == n_rel:
             return 0
         if not o_rel or not n_rel or n_rel.startswith(o_rel + "/"):
-            raise _error(errno.EINVAL, old)
+            raise os_error(errno.EINVAL, old)
         self._new_name(new)
         self._only_the_file(old)
         self._only_the_file(new)
-        source = self._attrs(old)
+        source = self.lookup(old)
         self._parent_dir(new)
         target = self._find(new)
         if source.is_dir:
             if target is not None:
                 if not target.is_dir:
-                    raise _error(errno.ENOTDIR, new)
+                    raise os_error(errno.ENOTDIR, new)
                 if not self._is_empty(new):
-                    raise _error(errno.ENOTEMPTY, new)
+                    raise os_error(errno.ENOTEMPTY, new)
                 self.rmdir(new)
-            self._rename_dir(o_rel, n_rel)
+            self.staged.rename_dir(o_rel, n_rel)
         else:
             if target is not None and target.is_dir:
-                raise _error(errno.EISDIR, new)
-            self._rename_file(o_rel, n_rel)
-        with self._lock:
-            self._counts["renames"] += 1
+                raise os_error(errno.EISDIR, new)
+            self.staged.rename_file(o_rel, n_rel)
+        self.count(renames=1)
         return 0
-
-    def _rename_file(self, o_rel: str, n_rel: str) -> None:
-        old_key, new_key = self.staged.key(o_rel), self.staged.key(n_rel)
-        with self.staged.choosing:
-            staged = self.staged.pop(o_rel)
-            replaced = self.staged.pop(n_rel)
-            if replaced is not None:
-                self.staged.forget(replaced)
-            try:
-                if staged is None:
-                    self.folders.move_file(old_key, new_key)
-                    return
-                with staged.lock:  # waits for an upload of it in progress
-                    if not staged.dirty:
-                        self.folders.move_file(old_key, new_key)
-                    else:
-                        with contextlib.suppress(ObjectNotFound):  # never uploaded under it
-                            self.store.delete(old_key)
-                    self.writeback.rekey(staged, new_key)
-                self.staged.put(staged)
-            finally:
-                self.namespace.invalidate("/" + o_rel)
-                self.namespace.invalidate("/" + n_rel)
-        if staged is not None and staged.handles == 0 and staged.dirty:
-            self.staged.upload(staged, "rename")
-            self.staged.drop_if_done(staged)
-
-    def _rename_dir(self, o_rel: str, n_rel: str) -> None:
-        new_prefix = self.staged.key(n_rel) + "/"
-        with self.staged.choosing:
-            moved = self.staged.pop_below(o_rel)
-            try:
-                self.folders.move_folder(self.staged.key(o_rel), self.staged.key(n_rel))
-            finally:
-                for r, staged in moved:
-                    with staged.lock:
-                        self.writeback.rekey(staged, new_prefix + r[len(o_rel) + 1 :])
-                    self.staged.put(staged)
-                self.namespace.invalidate_tree("/" + o_rel)
-                self.namespace.invalidate_tree("/" + n_rel)
-
-    # -- metadata that blobs do not have ---------------------------------------------
-
-    def chmod(self, path: str, *_: object) -> int:
-        self._attrs(path)  # accepted and ignored: blobs have no mode
-        return 0
-
-    chown = utimens = chmod
-
-    def link(self, target: str, source: str) -> int:
-        raise _error(errno.EPERM, target)  # no links in a blob namespace
-
-    symlink = link
-
-    def _unsupported(self, path: str, *_: object) -> int:
-        raise _error(errno.EOPNOTSUPP, path)  # callers fall back (fallocate) or skip (xattrs)
-
-    mknod = setxattr = removexattr = fallocate = _unsupported
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start_recovery(self) -> int:
         """Upload, in the background, what a previous mount left staged;
         returns how many files. They are served from staging meanwhile."""
-        recovered = self.writeback.recover()
-        if not recovered:
-            return 0
-        for staged in recovered:
-            self.staged.put(staged)
-
-        def run() -> None:
-            for staged in recovered:
-                try:
-                    self.staged.upload(staged, "recovery")
-                except OSError:
-                    continue  # logged; stays staged for the unmount retry
-                self.staged.drop_if_done(staged)
-
-        self._recovery = threading.Thread(target=run, name="reupload", daemon=True)
-        self._recovery.start()
-        return len(recovered)
-
-    def _busy(self) -> bool:
-        return super()._busy() or bool(self._handles)
+        return self.staged.start_recovery()
 
     def finish_writes(self, timeout: float) -> Leftovers:
-        """At unmount: wait for the re-uploads, retry failed uploads once (all
-        within `timeout` s); returns what is still only staged (named in the
-        log; the caller exits with EXIT_OUTPUTS). A file still open for
-        writing (a forced unmount) is not uploaded: its writer never closed
-        it, so it may be incomplete."""
-        deadline = time.monotonic() + timeout
-        if self._recovery is not None:
-            self._recovery.join(max(0.0, deadline - time.monotonic()))
-        pending = [s for s in self.staged.all() if s.dirty and s.handles == 0]
-        if pending:
-            log.info("unmount: %d files to upload before leaving (%.0f s at most)",
-                     len(pending), timeout)  # fmt: skip
-        for staged in pending:
-            if time.monotonic() >= deadline:
-                break
-            try:
-                self.staged.upload(staged, "unmount retry")
-            except OSError:
-                continue
-            self.staged.drop_if_done(staged)
-        left = self.writeback.leftovers()
-        for key, _ in left.to_upload:
-            log.error("not uploaded, kept in staging %s: %s", self.writeback.directory, key)
-        for key, path in left.never_closed:
-            log.error("still open for writing at unmount, not uploaded (kept in %s): %s",
-                      path, key)  # fmt: skip
-        return left
+        """At unmount (this filesystem's `Writes`): what is still only staged
+        after the last uploads (`StagedFiles.finish`)."""
+        return self.staged.finish(timeout)
 
     def counters(self) -> dict[str, int]:
         counts = super().counters()
-        with self._lock:
-            counts["open_files"] += len(self._handles)
         counts["staged_files"] = len(self.staged.all())
         counts.update(self.writeback.counters())
         return counts
 
     def close(self) -> None:
-        with self._lock:
-            self._handles.clear()
         self.staged.close()  # what is not uploaded stays staged, with its journal entry
         super().close()

@@ -40,7 +40,7 @@ from datamount.write.journal import Leftovers
 
 if TYPE_CHECKING:
     from datamount.fs.fuse_adapter import Adapter
-    from datamount.fs.ops import ReadOnlyFS
+    from datamount.fs.ops import ReadOnlyFS, Unsaved
 
 from datamount.mount.control import (
     EXIT_WAIT,
@@ -89,7 +89,7 @@ class MountDaemon:
         self._adapter: Adapter | None = None
         self._thread: threading.Thread | None = None
         self._old_handlers: dict[int, Any] = {}
-        self.leftovers = Leftovers()  # rw_mount: what is only staged at the end
+        self.leftovers: Unsaved = Leftovers()  # rw_mount: what is only staged at the end
 
     @property
     def mountpoint(self) -> Path:
@@ -221,12 +221,13 @@ class MountDaemon:
         the drain time) for pending uploads. What is still not uploaded is
         recorded next to the state file for the `unmount` command (exit code 4);
         a daemon killed meanwhile leaves {"pending": true} there."""
-        if not self.fs.writable:
+        writes = self.fs.writes
+        if writes is None:
             return
         answer = unsaved_file(self.config.state_file)
         with contextlib.suppress(OSError):
             write_json(answer, {"pending": True})
-        self.leftovers = self.fs.finish_writes(max(0.0, timeout))
+        self.leftovers = writes.finish_writes(max(0.0, timeout))
         try:
             if self.leftovers:
                 log.error("%s: %s", self.mountpoint,

@@ -2,8 +2,9 @@
 ops use, and its two implementations in block mode.
 
 `Reader.open(obj)` returns a handle pinned to `obj` (key + etag + size);
-`handle.read(offset, size)` returns bytes (short only at end of file) and
-raises OSError (ESTALE when the version changed, EIO/EACCES...) on failure.
+`handle.read(offset, size)` returns bytes (short only at end of file),
+`handle.read_into(offset, view)` fills a buffer with them, and both raise
+OSError (ESTALE when the version changed, EIO/EACCES...) on failure.
 Handles are independent and safe to use from several threads at once: reads
 are positional, there is no shared file position.
 
@@ -38,7 +39,15 @@ from datamount.storage.base import ObjectStore
 
 
 class ReadHandle(Protocol):
+    """One open, pinned object version. `read` returns the bytes of
+    [offset, offset + size) (short only at end of file); `read_into` puts the
+    same bytes into `view` (the FUSE request's buffer, read size = len(view))
+    and returns how many, so a handle that holds the bytes (block mode) copies
+    them straight in, with no bytes object of the read's size."""
+
     def read(self, offset: int, size: int) -> bytes: ...
+
+    def read_into(self, offset: int, view: memoryview) -> int: ...
 
     def close(self) -> None: ...
 
@@ -59,6 +68,11 @@ class DirectHandle:
         if size == 0:
             return b""
         return self.store.read(self.obj.key, offset, size, etag=self.obj.etag)
+
+    def read_into(self, offset: int, view: memoryview) -> int:
+        data = self.read(offset, len(view))  # the same one request as `read`
+        view[: len(data)] = data
+        return len(data)
 
     def close(self) -> None:
         return None

@@ -119,6 +119,14 @@ class WholeFileHandle:
             raise OSError(errno.EBADF, "read after close")
         return os.pread(self._fd, max(0, min(size, self._size - offset)), offset)
 
+    def read_into(self, offset: int, view: memoryview) -> int:
+        if offset < 0:
+            raise OSError(errno.EINVAL, f"invalid read: offset={offset} size={len(view)}")
+        if self._fd < 0:
+            raise OSError(errno.EBADF, "read after close")
+        size = max(0, min(len(view), self._size - offset))
+        return os.preadv(self._fd, [view[:size]], offset) if size else 0
+
     def close(self) -> None:
         with self._lock:
             fd, self._fd = self._fd, -1
