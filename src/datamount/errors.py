@@ -1,7 +1,7 @@
 """The project's exceptions: each carries an exit code (CLI) and, for storage
 errors, an errno (FUSE and OS callers).
 
-Imports nothing from the project. Storage backends never raise these classes
+Storage backends never raise these classes
 directly from SDK code: `storage.errors.translate` maps service errors onto them
 through one table.
 """

@@ -13,7 +13,7 @@ adds its own handler (give it `RedactingFilter()` too). Every line passes
 strings and every value given to `register_secret()` become '***'.
 
 Thread-safe (logging's handler locks; one lock guards setup and the secret
-set). Imports only `datamount.credentials` from the project.
+set).
 """
 
 from __future__ import annotations

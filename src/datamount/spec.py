@@ -2,7 +2,7 @@
 
 `load_spec(path)` / `parse_spec(mapping)` return a `JobSpec` or raise
 `SpecError` carrying one line per problem, each naming the input and field.
-Parsing is pure: no network, no workspace lookups. Imports `errors`, `uris`.
+Parsing is pure: no network, no workspace lookups.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Parse every path form a spec may hold into one `Location` value.
 
 Pure string work: no I/O, no workspace lookups (that is `workspace.resolve`).
-Imports only `errors`.
 
 Forms (DESIGN.md §1):
   ./rel, /abs, file:///abs                          → LOCAL

@@ -3,8 +3,7 @@ any spec `Location` into a concrete `StorageLocation` with its credential.
 
 There is no cloud service behind it: a YAML file (DESIGN.md §1). Loading
 expands `${VAR}` from the mapping it is given (never os.environ directly) and
-registers every secret with the log redactor. Imports `errors`, `uris`,
-`location`, `credentials`, `log`.
+registers every secret with the log redactor.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ call means without knowing which one it writes to.
 
 `folders_for(store)` picks one by the store's declared `local_path`.
 Threads: any FUSE thread; no state.
-Imports `storage`, `errors`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ Kernel-facing choices (see `run`):
 
 Threads: libfuse's workers call in concurrently; `run` blocks its calling
 thread until the filesystem is unmounted or `stop_loop` is called.
-Imports `fs.ops` and mfusepy.
 """
 
 from __future__ import annotations
@@ -360,7 +359,7 @@ def run(
     adapter_ready(adapter)
     writable = fs.writes is not None
     options: dict[str, Any] = {
-        "foreground": True,  # the daemon detaches itself (mountd); libfuse must not fork
+        "foreground": True,  # the daemon detaches itself (mount.control); libfuse must not fork
         "nothreads": False,
         "ro": not writable,
         "fsname": fsname,

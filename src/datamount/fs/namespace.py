@@ -24,8 +24,7 @@ read-only tree of blobs, with as few storage requests as the answers allow.
 - A uri_file mount (`file_key`) shows exactly that one blob at the root.
 
 Threads: any number of FUSE threads call in at once; one lock guards the
-caches and no request is made while holding it. Imports `storage.base` and
-`errors` only.
+caches and no request is made while holding it.
 """
 
 from __future__ import annotations

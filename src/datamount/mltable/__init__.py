@@ -10,9 +10,6 @@ Public API (the rest of the package is internal):
 - `load(path_or_uri, workspace=None, store_factory=None) -> TabularMLTable`
   (`to_arrow_table()`, `to_pandas_dataframe()`)
 - `parse_mltable(text, source) -> MLTable`, `MLTableError`
-
-Imports its own modules only; they import `errors`, `location`, `uris`,
-`workspace`, `storage`, pyarrow, pandas (tabular only) and numpy.
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
 """The eval modes of an `mltable` input: its MLTable evaluated to files, shown
 as one tree.
 
-`evaluated_store` evaluates the MLTable (paths resolved across accounts and
-containers, file-level `take`/`skip`/`take_random_sample` applied) and returns
-a FileListStore presenting exactly those files at their eval layout paths —
-`<account>/<container>/<path>`, `local/<path relative to the MLTable>`,
-`http/<host>/<path>` — plus an `MLTable` file at the root that describes the
-layout (the remaining transformations, paths rewritten to the local copies).
-`eval_download` copies that store with the ordinary Downloader; `eval_mount`
-serves it with the ordinary read-only FUSE stack (app.py). Each file is read
-from its own store with its own credential, pinned to the version evaluated.
-
-Imports `mltable`, `storage`, `location`, `workspace`.
+`evaluate_files` evaluates the MLTable (paths resolved across accounts and
+containers, file-level `take`/`skip`/`take_random_sample` applied) to its
+files at their eval layout paths — `<account>/<container>/<path>`,
+`local/<path relative to the MLTable>`, `http/<host>/<path>` — and the text
+of an `MLTable` file for the root that describes the layout (the remaining
+transformations, paths rewritten to the local copies). `listing_store`
+presents those files, and that MLTable, as one read-only FileListStore;
+`evaluated_store` is both. `eval_download` copies that store with the
+ordinary Downloader; `eval_mount` evaluates in the `mount` command and its
+daemon serves the listing with the ordinary read-only FUSE stack. Each file
+is read from its own store with its own credential, pinned to the version
+evaluated.
 """
 
 from __future__ import annotations

@@ -10,9 +10,6 @@ keeps the order: entries in file order, files of one entry in key order.
 `EvalFile.eval_path` (layout.py) is where a file lands in the eval_download /
 eval_mount layout. Stores come from the caller's factory (the app's
 `make_store`) and are closed when evaluation ends. Single-threaded.
-
-Imports `errors`, `location`, `uris`, `workspace`, `storage`, `mltable.model`,
-`mltable.layout`, `mltable.patterns`.
 """
 
 from __future__ import annotations

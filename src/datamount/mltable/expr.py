@@ -17,7 +17,6 @@ expression is true: `col("a") > 1` drops rows where `a` is null, exactly as
 SQL. `and`/`or` use three-valued logic.
 
 Evaluation (`evaluate`) works on a pyarrow RecordBatch with pyarrow.compute.
-Imports pyarrow only.
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ code outside datamount, so it reads the environment, once, at construction).
 Read-only.
 
 Paths inside this filesystem are `datastores/<ds>/paths/<p>` (protocol
-stripped). Imports `workspace`, `mltable.wsarg`, `uris`, `location`,
-`credentials`, fsspec; adlfs when the first datastore is used.
+stripped).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 its path in the eval_download / eval_mount layout), the layout's own MLTable
 text, and the check that every file gets a path of its own inside the layout.
 
-Pure: no I/O. Imports `errors`, `location`, `mltable.model`, yaml.
+Pure: no I/O.
 """
 
 from __future__ import annotations

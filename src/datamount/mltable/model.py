@@ -6,8 +6,6 @@ An MLTable is a folder holding an `MLTable` YAML file with `paths` (each a
 text in, `MLTable` out; every problem is one line naming the MLTable file and
 the entry (`MLTable /data/t/MLTable: transformations[1].read_delimited: unknown
 key 'delimeter'`). Reading the file from storage is `evaluate.read_mltable`.
-
-Imports `errors`, `mltable.patterns`, `mltable.expr`, pydantic and yaml.
 """
 
 from __future__ import annotations

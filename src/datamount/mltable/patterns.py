@@ -6,8 +6,6 @@ except '/', `[abc]` / `[a-z]` / `[!a]` (or `[^a]`) one character of a class,
 `**` any run of characters including '/' (`a/**/b` also matches `a/b`). The
 longest fixed prefix (everything before the first wildcard) is what gets
 listed, so a pattern never lists more of a container than it must.
-
-Imports nothing from the project.
 """
 
 from __future__ import annotations

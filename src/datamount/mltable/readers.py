@@ -6,8 +6,6 @@ and local files take the same path and nothing is downloaded whole: CSV and
 JSON lines are parsed block by block (`block_size`, 1 MiB by default) and
 parquet row group by row group. Consumers pull batches; when they stop (a
 `take` is satisfied) no further block is fetched.
-
-Imports `errors`, `storage.base`, `mltable.model`, `mltable.layout`, pyarrow.
 """
 
 from __future__ import annotations

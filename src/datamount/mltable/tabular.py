@@ -7,8 +7,6 @@ step transforms the stream batch by batch. `take` stops pulling once it has
 its rows, so the readers never fetch the blocks after them. Row-level
 `take_random_sample` keeps row i (counted over the whole stream) when the i-th
 draw of numpy's default_rng(seed) is below the probability.
-
-Imports `errors`, `storage`, `workspace`, `mltable.*`, pyarrow, pandas, numpy.
 """
 
 from __future__ import annotations

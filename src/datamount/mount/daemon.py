@@ -1,5 +1,6 @@
-"""The mount daemon itself (the spawned `mount`, or `mount --foreground`):
-serve a filesystem at a mount point until asked to go, then drain and unmount.
+"""The mount daemon itself (in the spawned mount.serve process, or in
+`mount --foreground`): serve a filesystem at a mount point until asked to go,
+then drain and unmount.
 
 - `MountDaemon` runs libfuse's loop on a thread (the main thread keeps Python
   signal handlers: libfuse installs its own only where the handler is
@@ -9,14 +10,13 @@ serve a filesystem at a mount point until asked to go, then drain and unmount.
   mount is still busy at the deadline, forces it (`fusermount3 -uz` and ends
   the loop).
 - rw_mount: once its loop has ended the daemon waits (the rest of the drain
-  time) for pending uploads (`fs.finish_writes`); what is still only staged
-  (`staging.Leftovers`: closed files to upload, and files never closed,
+  time) for pending uploads (`fs.writes.finish_writes`); what is still only
+  staged (`write.journal.Leftovers`: closed files to upload, and files never closed,
   which are not uploaded) is named in the log and in `<state>.unsaved.json`,
   and `unmount` then fails with OutputError (exit code 4).
 
 Threads: the caller's (main) thread and libfuse's loop thread with its
-workers. Imports `mountd` (mount table, state files, handshake), `errors`,
-`log` and, lazily (it loads libfuse), `fs.fuse_adapter`.
+workers.
 """
 
 from __future__ import annotations

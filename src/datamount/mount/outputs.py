@@ -1,5 +1,6 @@
-"""The `upload` output mode's local side: an empty folder handed to the job,
-and a record of what to upload from it when the job ends.
+"""The `upload` output mode's records: an empty folder handed to the job,
+and a record of what to upload from it when the job ends (the mode itself
+is modes.upload).
 
 `datamount mount SPEC MOUNTPOINT` for an upload output prepares MOUNTPOINT as
 an empty local folder and records (in `<cache>/outputs/<hash>.json`) which
@@ -7,7 +8,6 @@ spec entry it belongs to; `datamount unmount MOUNTPOINT` finds that record,
 uploads the folder's content through the transfer engine, registers the asset
 when the output names one, and empties the local folder. A failed upload keeps
 both the folder and the record, so the unmount can simply be run again.
-Imports `errors`, `mountd` (mount point hashing).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ of every mount daemon (`<cache>/mounts/*.json`), its stats file, and the
 record of every upload output waiting for its `unmount`
 (`<cache>/outputs/*.json`) — and checks each against the kernel's mount table
 and the process table. Read-only: it never repairs anything (`mount` clears a
-stale mount point, `unmount` ends a daemon). Imports `mountd`, `outputs`.
+stale mount point, `unmount` ends a daemon).
 """
 
 from __future__ import annotations

@@ -19,8 +19,7 @@ are positional, there is no shared file position.
 - `DirectReader`: every read is one ranged request (tests, baselines).
 
 Threads: none of their own; reads run in the caller's thread and wait for the
-fetcher's workers. Imports `blocks`, `fetch`, `prefetch.policy`,
-`storage.base`.
+fetcher's workers.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Per-mount counters (thread-safe), logged at unmount and written to a stats
-file every few seconds. Imports nothing from the project."""
+file every few seconds."""
 
 from __future__ import annotations
 

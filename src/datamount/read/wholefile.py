@@ -23,8 +23,7 @@
   by `fallback`, the block reader.
 
 Threads: downloads run in the opening thread (plus the Downloader's pool for
-large files); one lock guards the index. Imports `blocks`, `reader`,
-`storage.base`, `transfer.download`, `errors`.
+large files); one lock guards the index.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@
 `open_store` is the one factory the composition root calls. Only this package
 imports the Azure SDK and requests; everything above it sees `ObjectStore`,
 `ObjectInfo`, `ListPage` and the `datamount.errors` classes.
-
-Imports `location`, `retry` and the modules of this package.
 """
 
 from __future__ import annotations

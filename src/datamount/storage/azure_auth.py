@@ -16,7 +16,6 @@ its query parameters (unencoded) and its headers, and may add headers.
 
 Threads: shared by every request thread. SharedKeyAuth and SasAuth hold
 immutable state; BearerAuth replaces its (token, expiry) tuple under a lock.
-Imports `datamount.errors` only.
 """
 
 from __future__ import annotations

@@ -53,9 +53,6 @@ opened on it (storage.azure_clients, reference counted), with pools of
 thread counts).
 
 Threads: the clients are thread-safe; a store holds no per-request state.
-Imports `retry`, `credentials`, `location`, `storage.azure_clients`,
-`storage.azure_list`, `storage.base`, `storage.errors`; azure-storage-blob
-only inside `commit_blocks` (its ContentSettings).
 """
 
 from __future__ import annotations

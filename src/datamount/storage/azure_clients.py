@@ -15,10 +15,7 @@ once through the store's `RetryPolicy.call`. One azure-identity credential
 object serves both clients, so its token cache is shared.
 
 Threads: `acquire`, `release` and `Shared.sdk` take a module lock; the
-clients themselves are thread-safe. Imports `credentials`,
-`storage.azure_auth`, `storage.azure_raw`; azure-storage-blob, azure-core
-and requests inside `Shared.sdk`, azure-identity when an identity
-credential is acquired.
+clients themselves are thread-safe.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ etags are quoted as the header etags are, Content-MD5 is base64, dates are
 RFC 1123 and become POSIX timestamps, and an `hdi_isfolder: true` metadata
 entry (an ADLS directory, or a folder marker some tools write) sets is_dir.
 
-Threads: pure functions. Imports xml.etree, `datamount.errors`, `storage.base`.
+Threads: pure functions.
 """
 
 from __future__ import annotations

@@ -25,8 +25,6 @@ Threads: one RawClient is shared by all threads; the pool lends each request
 its own connection (LIFO under a lock) and takes it back only when the
 response was read to its end. Not done: HTTP(S)_PROXY settings (requests
 honours them, this path does not).
-Imports http.client, certifi, `datamount.errors`, `storage.azure_auth`,
-`storage.errors`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How a resolved location authenticates: a value type whose secrets never
 appear in repr(), str(), logs or errors.
 
-Imports nothing from the project. The storage layer turns a `Credential` into
+The storage layer turns a `Credential` into
 an SDK credential; nothing else reveals the secret.
 """
 

@@ -10,8 +10,7 @@ The exception classes of azure-core, requests and urllib3 are looked up in
 imported cannot be raised, and importing them here would cost a process
 that only uses the raw request path ~0.1 s.
 
-Threads: pure functions, safe anywhere. Imports http.client, ssl and
-`datamount.errors`.
+Threads: pure functions, safe anywhere.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ the real stores do, so downloader and mount tests see real retry behaviour
 over a MemoryStore (mountpoint-s3's failure_client.rs, STYLE.md).
 
 Threads: the plan and counters are locked; safe from any thread.
-Imports `storage.base`, `retry` and `datamount.errors`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ ordinary namespace work unchanged over it. Small generated files (the
 MLTable of the layout) are served from memory.
 
 Threads: immutable after construction; safe from any thread (the underlying
-stores are thread-safe). Imports `storage.base`, `errors`.
+stores are thread-safe).
 """
 
 from __future__ import annotations

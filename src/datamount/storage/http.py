@@ -15,7 +15,6 @@ yields the one file. Writes raise EROFS (storage.base.ReadOnlyStore).
 Threads: one pooled requests.Session shared by all threads (urllib3 pools are
 thread-safe); every request goes through the RetryPolicy. A request that
 receives no byte for `read_timeout` seconds fails as a transient error.
-Imports requests, `retry`, `storage.base`, `storage.errors`, `datamount.errors`.
 """
 
 from __future__ import annotations

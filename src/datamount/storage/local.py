@@ -12,7 +12,6 @@ them; metadata is not kept (nothing local reads it).
 
 Threads: no shared state; safe from any thread. Reads are positional (pread,
 or preadv straight into the caller's buffer).
-Imports `storage.base`, `storage.errors`, `datamount.errors`.
 """
 
 from __future__ import annotations

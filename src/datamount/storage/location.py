@@ -3,8 +3,6 @@
 `uris.parse` turns a spec path into a `uris.Location` (which may still name a
 datastore or data asset); `workspace.Workspace.resolve` turns that into a
 `StorageLocation`, the only thing the storage layer accepts.
-
-Imports only `credentials`.
 """
 
 from __future__ import annotations

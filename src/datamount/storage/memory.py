@@ -7,7 +7,6 @@ request per operation in `requests`, so tests assert how many reads a layer
 made (STYLE.md "fakes that count and fail").
 
 Threads: every method takes one lock; safe from any thread.
-Imports `storage.base` and `datamount.errors` only.
 """
 
 from __future__ import annotations

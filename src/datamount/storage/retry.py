@@ -9,7 +9,6 @@ environment.
 
 Threads: one policy is shared by every worker thread; `call` keeps no
 per-call state on the instance and `RetryStats` counts under a lock.
-Imports only `errors`.
 """
 
 from __future__ import annotations

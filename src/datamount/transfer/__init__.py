@@ -1,5 +1,3 @@
 """Transfers between a store and local disk: the parallel Downloader and
 Uploader (DESIGN.md §4), their listing, resume manifest and progress.
-
-Imports `storage` (the protocol only), `errors`, `retry`; never the Azure SDK.
 """

@@ -19,7 +19,7 @@ final name.
   `2 × threads` queued range tasks — never proportional to the data.
 
 Threads: `threads` workers (ThreadPoolExecutor); the calling thread lists and
-schedules. Imports `storage.base`, `transfer.*`, `errors`.
+schedules.
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ skips them.
 One JSON object per line, appended (and flushed) as each file completes, so a
 killed run loses at most the files in flight. The first line names the source;
 a manifest for another source is ignored. Thread-safe (one lock).
-Imports nothing from the project.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 bar on a terminal or writes a line every few seconds otherwise.
 
 The CLI decides the stream; transfers only bump counters. One daemon thread
-per running transfer. Imports nothing from the project.
+per running transfer.
 """
 
 from __future__ import annotations

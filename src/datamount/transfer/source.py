@@ -2,7 +2,6 @@
 page, each with the local relative path it lands at.
 
 Pure listing logic over a ReadableStore: no threads, no writes.
-Imports `storage.base`, `errors`.
 """
 
 from __future__ import annotations

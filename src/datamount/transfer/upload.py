@@ -9,7 +9,6 @@
 - Memory: at most `2 × threads` blocks in flight.
 
 Threads: `threads` workers; the calling thread walks the tree and schedules.
-Imports `storage.base`, `transfer.progress`, `errors`.
 """
 
 from __future__ import annotations

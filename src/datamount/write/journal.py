@@ -13,8 +13,7 @@ for the message the user reads (`Leftovers.describe`).
   be incomplete: never uploaded automatically, kept for the user.
 - `abandoned`: `open` files an earlier mount already named; not counted again.
 
-Threads: none (pure functions and a frozen value). Imports nothing of
-datamount.
+Threads: none (pure functions and a frozen value).
 """
 
 from __future__ import annotations
