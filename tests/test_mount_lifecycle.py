@@ -117,3 +117,15 @@ def test_readiness_writes_one_line_once() -> None:
 def test_unmount_of_something_not_mounted(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="is not mounted"):
         control.unmount(tmp_path, cache_dir=tmp_path, timeout=1)
+
+
+def test_the_daemon_refuses_a_channel_without_a_plan(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "datamount.mount.serve", str(tmp_path / "m")]
+    for plan in ("not json", '{"mode": "ro_mount"}'):
+        with pytest.raises(DatamountError, match="no mount plan on the start-up chan") as caught:
+            control.spawn(argv, mountpoint=tmp_path / "m", log_file=tmp_path / "log", plan=plan)
+        assert caught.value.exit_code == DataError("x").exit_code
+    assert not (tmp_path / "m").exists()  # it mounted nothing, made nothing
+    log = (tmp_path / "log").read_text()
+    assert log.count("datamount: error: no mount plan on the start-up channel") == 2
+    assert "Traceback" not in log
