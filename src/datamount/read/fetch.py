@@ -16,9 +16,13 @@ from storage, fetched at most once at a time.
   fetched together, up to RUN_BYTES per ranged GET, then split into blocks:
   each block still has its own flight (single flight, held and cached per
   block), the blocks of one run share the request and its scheduler ticket.
-- Memory budget: one bound, shared by every open file of the mount, on the
-  bytes this fetcher owns: prefetches queued or in flight, prefetched blocks
-  not yet read, and recently read blocks. Prefetched blocks are held here
+- Memory budget: the PREFETCH area of the mount's MemoryBudget (budget.py),
+  shared by every open file of the mount, bounds the bytes this fetcher
+  owns: prefetches queued or in flight, prefetched blocks not yet read, and
+  recently read blocks; they are taken only when the whole budget (disk
+  queue and uploads included) has room too. A demand fetch takes its block's
+  bytes in the DEMAND area, which never fails or waits, until the block is
+  delivered. Prefetched blocks are held here
   until read, because with the RAM tier disabled
   (DATASET_MOUNT_MEMORY_CACHE_SIZE=0, or NoCache) a prefetched block would
   otherwise be gone before its reader arrives. Recently read blocks are held
@@ -37,7 +41,7 @@ Threads: any thread calls in; fetches run on the scheduler's workers. One
 lock guards the maps; cache and store calls run outside it. Lock order:
 fetcher, then scheduler (the scheduler calls back only without its lock).
 Imports `blocks`, `cache.base`, `prefetch.scheduler`, `stats`, `storage.base`,
-`errors`.
+`errors`, `budget`.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 
+from datamount.budget import DEMAND, PREFETCH, MemoryBudget
 from datamount.errors import StorageError
 from datamount.read.blocks import BlockKey, block_span
 from datamount.read.cache.base import BlockCache
@@ -84,12 +89,13 @@ RUN_BYTES = 8 * 1024 * 1024
 class _Flight:
     key: BlockKey
     size: int
-    prefetch: bool  # started by prefetch(): holds `size` bytes of the budget
+    prefetch: bool  # started by prefetch(): holds `size` bytes of the PREFETCH area
     wanted: bool  # a reader waits for it
     urgent: bool  # a demand reader waits for it: it belongs on the demand lane
     future: Future[bytes] = field(default_factory=Future)
     ticket: Ticket | None = None
     run: list[_Flight] = field(default_factory=list)  # the flights sharing its request
+    demand_bytes: int = 0  # bytes it holds of the DEMAND area (a demand fetch)
 
 
 def _done(data: bytes) -> Future[bytes]:
@@ -107,11 +113,22 @@ class BlockFetcher:
         scheduler: Scheduler,
         stats: MountStats,
         *,
-        memory_budget: int,
+        memory_budget: int | None = None,
+        budget: MemoryBudget | None = None,
         run_bytes: int = RUN_BYTES,
         hold_seconds: float = HOLD_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Either `budget`, the mount's shared MemoryBudget (its PREFETCH
+        limit is this fetcher's bound), or `memory_budget` bytes in a budget
+        of its own."""
+        if (budget is None) == (memory_budget is None):
+            raise ValueError("give exactly one of memory_budget and budget")
+        if budget is None:
+            budget = MemoryBudget({PREFETCH: memory_budget or 0, DEMAND: 0})
+        elif not (budget.has(PREFETCH) and budget.has(DEMAND)):
+            raise ValueError("the memory budget has no prefetch or demand area")
+        memory_budget = budget.limit(PREFETCH)
         if block_size < 1 or memory_budget < 0:
             raise ValueError("block_size must be >= 1 and memory_budget >= 0")
         self.store = store
@@ -120,6 +137,7 @@ class BlockFetcher:
         self.scheduler = scheduler
         self.stats = stats
         self.memory_budget = memory_budget
+        self.budget = budget
         self.hold_seconds = hold_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -131,6 +149,7 @@ class BlockFetcher:
         # Blocks per prefetch request; a run never needs more than the
         # prefetch share, or a small budget would never admit a whole one.
         self.run_blocks = max(1, min(run_bytes, self._prefetch_cap) // block_size)
+        # Their sum is what this fetcher holds of the budget's PREFETCH area.
         self._ahead = 0  # bytes of prefetches queued or in flight, and of _unread
         self._recent_bytes = 0  # bytes of _recent
         self._closed = False
@@ -167,6 +186,10 @@ class BlockFetcher:
             flight.future.set_result(data)
             return flight.future
         self.stats.add(misses=1)
+        with self._lock:
+            if self._flights.get(key) is flight:  # it is fetched: its bytes are on the way
+                flight.demand_bytes = flight.size
+                self.budget.reserve(DEMAND, flight.size)
         self._submit([flight], demand=demand)
         return flight.future
 
@@ -265,9 +288,11 @@ class BlockFetcher:
             tickets = [f.ticket for f in self._flights.values() if f.ticket is not None]
             wasted = len(self._tracked)
             self._tracked.clear()
-            self._ahead -= sum(len(data) for data, _ in self._unread.values())
+            unread = sum(len(data) for data, _ in self._unread.values())
+            self._ahead -= unread
             self._unread.clear()
             self._recent.clear()
+            self.budget.release(PREFETCH, unread + self._recent_bytes)
             self._recent_bytes = 0
         self.stats.add(prefetch_wasted=wasted)
         for ticket in tickets:
@@ -341,13 +366,15 @@ class BlockFetcher:
         except Exception:
             log.exception("cache put of %s block %d failed", key.obj.key, key.index)
         with self._lock:
-            if not self._forget(flight) or self._closed:
+            # An unread prefetch keeps its bytes of the budget: they now hold the block.
+            keep = flight.prefetch and not flight.wanted and not self._closed
+            if not self._forget(flight, release=not keep) or self._closed:
                 return
             if flight.wanted:
                 self._hold_recent(key, data)
-            elif flight.prefetch:
+            elif keep:
                 self._track(key)
-                self._ahead += length  # the flight's share of the budget now holds it
+                self._ahead += length  # == flight.size: what it kept of the budget
                 self._unread[key] = (data, self._clock())
 
     def _dropped(self, flights: list[_Flight]) -> None:
@@ -383,8 +410,9 @@ class BlockFetcher:
             if flight.prefetch:
                 self.stats.add(prefetch_used=1)
 
-    def _forget(self, flight: _Flight) -> bool:
-        """Unregister the flight and release its budget; False if it was not registered."""
+    def _forget(self, flight: _Flight, *, release: bool = True) -> bool:
+        """Unregister the flight and release its budget (a prefetch's bytes
+        stay taken with `release=False`); False if it was not registered."""
         if self._flights.get(flight.key) is not flight:
             return False
         del self._flights[flight.key]
@@ -394,8 +422,13 @@ class BlockFetcher:
         # MiB of finished 8 MiB runs at once in a cold 1 GiB read).
         flight.ticket = None
         flight.run = []
+        if flight.demand_bytes:
+            self.budget.release(DEMAND, flight.demand_bytes)
+            flight.demand_bytes = 0
         if flight.prefetch:
             self._ahead -= flight.size
+            if release:
+                self.budget.release(PREFETCH, flight.size)
         return True
 
     def _take_held(self, key: BlockKey) -> bytes | None:
@@ -430,24 +463,32 @@ class BlockFetcher:
         if key in self._recent:
             return
         self._evict_recent(self.memory_budget - self._ahead - len(data))
-        if self._ahead + self._recent_bytes + len(data) <= self.memory_budget:
+        fits = self._ahead + self._recent_bytes + len(data) <= self.memory_budget
+        if fits and self.budget.try_reserve(PREFETCH, len(data)):
             self._recent[key] = data
             self._recent_bytes += len(data)
 
     def _admit_prefetch(self, size: int) -> bool:
-        """Take `size` bytes of the prefetch share, if there are any left."""
+        """Take `size` bytes of the prefetch share, if there are any left
+        (recently read blocks make way) and the whole budget has them."""
         if self._ahead + size > self._prefetch_cap:
             self._expire_unread(self._ahead + size - self._prefetch_cap)
             if self._ahead + size > self._prefetch_cap:
                 return False
+        self._evict_recent(self.memory_budget - self._ahead - size)
+        if not self.budget.try_reserve(PREFETCH, size):
+            return False  # the disk queue, uploads or demand reads hold the rest
         self._ahead += size
-        self._evict_recent(self.memory_budget - self._ahead)
         return True
 
     def _evict_recent(self, room: int) -> None:
         """Drop least recently read blocks until they fit in `room` bytes."""
+        freed = 0
         while self._recent and self._recent_bytes > room:
-            self._recent_bytes -= len(self._recent.popitem(last=False)[1])
+            size = len(self._recent.popitem(last=False)[1])
+            self._recent_bytes -= size
+            freed += size
+        self.budget.release(PREFETCH, freed)
 
     def _expire_unread(self, need: int) -> None:
         """Drop unread prefetched blocks held past HOLD_SECONDS, oldest first,
@@ -460,6 +501,7 @@ class BlockFetcher:
                 return
             del self._unread[key]
             self._ahead -= len(data)
+            self.budget.release(PREFETCH, len(data))
             freed += len(data)
             if key in self._tracked:
                 del self._tracked[key]
