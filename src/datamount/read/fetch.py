@@ -24,11 +24,14 @@ from storage, fetched at most once at a time.
   bytes in the DEMAND area, which never fails or waits, until the block is
   delivered.
 - Counters (MountStats): misses, blocks_fetched, bytes_fetched, fetch_requests,
-  prefetched_blocks; prefetch_used and prefetch_wasted (cache/held.py).
+  prefetched_blocks, prefetch_used (a prefetched block later read: counted
+  here when a reader joins its flight, in cache/held.py once it is held) and
+  prefetch_wasted (cache/held.py).
 
 Threads: any thread calls in; fetches run on the scheduler's workers. One
-lock guards the maps; cache and store calls run outside it. Lock order:
-fetcher, then scheduler (the scheduler calls back only without its lock).
+lock guards the maps and the hold; cache and store calls run outside it.
+Lock order: fetcher, then scheduler (the scheduler calls back only without
+its lock) or budget (it calls nothing).
 Imports `blocks`, `cache.base`, `cache.held`, `prefetch.scheduler`, `stats`,
 `storage.base`, `errors`, `budget`.
 """
