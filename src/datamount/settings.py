@@ -4,8 +4,7 @@ One job: turn the Azure ML data-runtime variables (DESIGN.md §3) and
 datamount's own DATAMOUNT_* knobs into one validated, frozen `Settings` value.
 `Settings.from_env(environ)` is the only entry point the CLI needs; it never
 reads `os.environ` itself (the CLI passes it in), so no module below the CLI
-depends on ambient state. No threads. Imports only `datamount.errors` from the
-project.
+depends on ambient state. No threads.
 
 Units: sizes accept plain bytes or a K/M/G/T suffix (KB, MiB, "1.5 GB", any
 case). Like Azure ML, every suffix is binary: 1 KB = 1024 bytes, 1 MB = 1024**2.

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from datamount.budget import DEMAND, DISK_QUEUE, PREFETCH, UPLOAD, MemoryBudget
 from datamount.fs.namespace import Namespace
 from datamount.fs.ops import ReadOnlyFS
 from datamount.mount.plan import MountPlan
@@ -39,16 +40,21 @@ from datamount.storage.base import ObjectStore
 from datamount.storage.location import StorageLocation
 from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import DownloadOptions
+from datamount.transfer.upload import BLOCK_SIZE as UPLOAD_BLOCK_SIZE
 
 log = logging.getLogger("datamount.readstack")
 
 
 class MountReader:
-    """The Reader a mount uses, owning everything under it."""
+    """The Reader a mount uses, owning everything under it. `budget` is the
+    mount's one MemoryBudget: an rw_mount hands it to its WriteBack."""
 
-    def __init__(self, reader: Reader, closers: list[Callable[[], None]]) -> None:
+    def __init__(
+        self, reader: Reader, closers: list[Callable[[], None]], budget: MemoryBudget
+    ) -> None:
         self.reader = reader
         self._closers = closers
+        self.budget = budget
 
     def open(self, obj: ObjectId) -> ReadHandle:
         return self.reader.open(obj)
@@ -63,10 +69,17 @@ class MountReader:
 
 
 def build_reader(
-    settings: Settings, store: ObjectStore, stats: MountStats, *, cache_key: str
+    settings: Settings,
+    store: ObjectStore,
+    stats: MountStats,
+    *,
+    cache_key: str,
+    uploads: bool = False,
 ) -> MountReader:
     """`cache_key` names the data (store + path): a remount of the same data
-    finds its disk blocks again; another mount never shares the folder."""
+    finds its disk blocks again; another mount never shares the folder.
+    `uploads`: the budget also holds an rw_mount's upload buffers."""
+    budget = memory_budget(settings, uploads=uploads)
     folder = hashlib.sha256(cache_key.encode()).hexdigest()[:24]
     ram: BlockCache = (
         MemoryCache(settings.memory_cache_size, stats)
@@ -81,17 +94,12 @@ def build_reader(
             prune_threshold=settings.prune_threshold,
             prune_target=settings.prune_target,
             write_threads=settings.block_file_cache_write_threads,
-            max_queue_bytes=settings.block_file_cache_max_queue_size,
+            budget=budget,
             stats=stats,
         )
     cache = TieredCache(ram, disk, stats)
     scheduler = Scheduler(settings.read_threads)
-    # One in-flight bound for the whole mount, shared by every open file: a full
-    # prefetch window of blocks (32 × 2 MiB = 64 MiB by default).
-    budget = max(1, settings.read_buffer_block_count) * settings.read_block_size
-    fetcher = BlockFetcher(
-        store, cache, settings.read_block_size, scheduler, stats, memory_budget=budget
-    )
+    fetcher = BlockFetcher(store, cache, settings.read_block_size, scheduler, stats, budget=budget)
     reader: Reader = BlockReader(
         fetcher, settings.read_block_size, settings.read_buffer_block_count
     )
@@ -114,16 +122,34 @@ def build_reader(
         mode = "whole-file"
     log.info(
         "read path: %s mode, block %d B, prefetch window %d blocks, %d read threads, "
-        "RAM tier %d B, disk tier %s, in-flight budget %d B",
+        "RAM tier %d B, disk tier %s, memory budget %s",
         mode,
         settings.read_block_size,
         settings.read_buffer_block_count,
         settings.read_threads,
         settings.memory_cache_size,
         "on" if settings.block_file_cache_enabled else "off",
-        budget,
+        budget.describe(),
     )
-    return MountReader(reader, [scheduler.close, cache.close])
+    return MountReader(reader, [scheduler.close, cache.close], budget)
+
+
+def memory_budget(settings: Settings, *, uploads: bool) -> MemoryBudget:
+    """The mount's one MemoryBudget: each area the bound its consumer had on
+    its own, so the total is their sum (64 + 512 + 128 = 704 MiB by default
+    with 8 upload threads). The RAM tier is not in it."""
+    return MemoryBudget(
+        {
+            # A full prefetch window of blocks (32 x 2 MiB = 64 MiB by default).
+            PREFETCH: max(1, settings.read_buffer_block_count) * settings.read_block_size,
+            DEMAND: 0,
+            DISK_QUEUE: settings.block_file_cache_max_queue_size
+            if settings.block_file_cache_enabled
+            else 0,
+            # WriteBack's upload_budget: 2 x upload threads x 8 MiB blocks.
+            UPLOAD: 2 * settings.downloader_threads * UPLOAD_BLOCK_SIZE if uploads else 0,
+        }
+    )
 
 
 # Attributes of an rw_mount expire after 2 s when DATASET_MOUNT_ATTRIBUTE_CACHE_TTL
@@ -178,7 +204,8 @@ def build(plan: MountPlan) -> Stack:
             store = store_for(settings, location, retry)
         cleanup.callback(store.close)
         stats = MountStats()
-        reader = build_reader(settings, store, stats, cache_key=location.uri())
+        writable = plan.staging is not None
+        reader = build_reader(settings, store, stats, cache_key=location.uri(), uploads=writable)
         cleanup.callback(reader.close)
         namespace = Namespace(
             store,
@@ -186,7 +213,7 @@ def build(plan: MountPlan) -> Stack:
             file_key=location.key if plan.is_file else None,
             ttl=attribute_ttl(settings),
         )
-        fs = _writable(plan, store, reader, namespace) if plan.staging else None
+        fs = _writable(plan, store, reader, namespace) if writable else None
         if fs is None:
             fs = ReadOnlyFS(namespace, reader, store_id=location.store_root)
         cleanup.callback(fs.close)
@@ -197,7 +224,7 @@ def build(plan: MountPlan) -> Stack:
 
 
 def _writable(
-    plan: MountPlan, store: ObjectStore, reader: Reader, namespace: Namespace
+    plan: MountPlan, store: ObjectStore, reader: MountReader, namespace: Namespace
 ) -> ReadOnlyFS:
     """rw_mount: the read-only stack plus write-back staging (fs.writable,
     write.writeback); re-uploads what a previous mount left staged."""
@@ -213,6 +240,7 @@ def _writable(
             threads=settings.downloader_threads,
             reserved_free_disk_space=settings.reserved_free_disk_space,
         ),
+        budget=reader.budget,  # the upload buffers draw from the mount's one budget
     )
     fs = WritableFS(namespace, reader, writeback, store_id=plan.location.store_root)
     log.info(

@@ -16,28 +16,22 @@ from storage, fetched at most once at a time.
   fetched together, up to RUN_BYTES per ranged GET, then split into blocks:
   each block still has its own flight (single flight, held and cached per
   block), the blocks of one run share the request and its scheduler ticket.
-- Memory budget: one bound, shared by every open file of the mount, on the
-  bytes this fetcher owns: prefetches queued or in flight, prefetched blocks
-  not yet read, and recently read blocks. Prefetched blocks are held here
-  until read, because with the RAM tier disabled
-  (DATASET_MOUNT_MEMORY_CACHE_SIZE=0, or NoCache) a prefetched block would
-  otherwise be gone before its reader arrives. Recently read blocks are held
-  in an LRU because the kernel's 1 MiB reads hit each 2 MiB block twice.
-  Prefetch may take PREFETCH_SHARE of the budget, so read blocks always keep
-  the rest; an unread prefetched block gives way only after HOLD_SECONDS.
-  Held blocks are the same `bytes` objects the RAM tier keeps, so holding
-  them costs memory only once the RAM tier has dropped them.
+- Memory budget: the PREFETCH area of the mount's MemoryBudget (budget.py),
+  shared by every open file of the mount, bounds the bytes this fetcher
+  owns: prefetches queued or in flight, prefetched blocks not yet read, and
+  recently read blocks, all kept in its HeldBlocks (cache/held.py, which
+  says why each is held and for how long). A demand fetch takes its block's
+  bytes in the DEMAND area, which never fails or waits, until the block is
+  delivered.
 - Counters (MountStats): misses, blocks_fetched, bytes_fetched, fetch_requests,
-  prefetched_blocks, prefetch_used (a prefetched block later read),
-  prefetch_wasted (best effort: prefetched, never read, and dropped from the
-  hold, forgotten after TRACKED_PREFETCHES newer prefetches, or still unread
-  at close).
+  prefetched_blocks, prefetch_used (a prefetched block later read: counted
+  here when a reader joins its flight, in cache/held.py once it is held) and
+  prefetch_wasted (cache/held.py).
 
 Threads: any thread calls in; fetches run on the scheduler's workers. One
-lock guards the maps; cache and store calls run outside it. Lock order:
-fetcher, then scheduler (the scheduler calls back only without its lock).
-Imports `blocks`, `cache.base`, `prefetch.scheduler`, `stats`, `storage.base`,
-`errors`.
+lock guards the maps and the hold; cache and store calls run outside it.
+Lock order: fetcher, then scheduler (the scheduler calls back only without
+its lock) or budget (it calls nothing).
 """
 
 from __future__ import annotations
@@ -46,33 +40,22 @@ import errno
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 
+from datamount.budget import DEMAND, PREFETCH, MemoryBudget
 from datamount.errors import StorageError
 from datamount.read.blocks import BlockKey, block_span
 from datamount.read.cache.base import BlockCache
+from datamount.read.cache.held import HOLD_SECONDS, HeldBlocks
 from datamount.read.prefetch.scheduler import Scheduler, SchedulerClosed, Ticket
 from datamount.read.stats import MountStats
 from datamount.storage.base import ObjectStore
 
 log = logging.getLogger("datamount.fetch")
 
-# An unread prefetched block is protected from eviction this long: a reader
-# 32 blocks behind at 100 MB/s needs < 1 s to reach it; one that has not come
-# in 30 s has moved on (or its file is open but idle).
-HOLD_SECONDS = 30.0
-# Prefetched-but-unread keys remembered for prefetch_used / prefetch_wasted
-# (a key is ~100 bytes: 4096 of them is well under 1 MiB).
-TRACKED_PREFETCHES = 4096
-# Prefetch (in flight + unread) may take this share of the memory budget; the
-# rest holds blocks being read. Without it, with the RAM tier off and a budget
-# of one window, prefetch evicts the block a reader is halfway through and its
-# second 1 MiB read fetches it again (measured: 91 requests for 64 blocks).
-PREFETCH_SHARE = 0.75
 # Consecutive prefetched blocks go out as one ranged GET of up to this many
 # bytes. Measured against Azurite (8 threads reading a 1 GiB blob, same
 # rounds): 1-4 MiB ranges 300-490 MB/s, 6-16 MiB ranges 450-1600 MB/s, as
@@ -84,12 +67,13 @@ RUN_BYTES = 8 * 1024 * 1024
 class _Flight:
     key: BlockKey
     size: int
-    prefetch: bool  # started by prefetch(): holds `size` bytes of the budget
+    prefetch: bool  # started by prefetch(): holds `size` bytes of the PREFETCH area
     wanted: bool  # a reader waits for it
     urgent: bool  # a demand reader waits for it: it belongs on the demand lane
     future: Future[bytes] = field(default_factory=Future)
     ticket: Ticket | None = None
     run: list[_Flight] = field(default_factory=list)  # the flights sharing its request
+    demand_bytes: int = 0  # bytes it holds of the DEMAND area (a demand fetch)
 
 
 def _done(data: bytes) -> Future[bytes]:
@@ -107,11 +91,22 @@ class BlockFetcher:
         scheduler: Scheduler,
         stats: MountStats,
         *,
-        memory_budget: int,
+        memory_budget: int | None = None,
+        budget: MemoryBudget | None = None,
         run_bytes: int = RUN_BYTES,
         hold_seconds: float = HOLD_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Either `budget`, the mount's shared MemoryBudget (its PREFETCH
+        limit is this fetcher's bound), or `memory_budget` bytes in a budget
+        of its own."""
+        if (budget is None) == (memory_budget is None):
+            raise ValueError("give exactly one of memory_budget and budget")
+        if budget is None:
+            budget = MemoryBudget({PREFETCH: memory_budget or 0, DEMAND: 0})
+        elif not (budget.has(PREFETCH) and budget.has(DEMAND)):
+            raise ValueError("the memory budget has no prefetch or demand area")
+        memory_budget = budget.limit(PREFETCH)
         if block_size < 1 or memory_budget < 0:
             raise ValueError("block_size must be >= 1 and memory_budget >= 0")
         self.store = store
@@ -120,19 +115,13 @@ class BlockFetcher:
         self.scheduler = scheduler
         self.stats = stats
         self.memory_budget = memory_budget
-        self.hold_seconds = hold_seconds
-        self._clock = clock
-        self._lock = threading.Lock()
+        self.budget = budget
+        self._lock = threading.Lock()  # guards _flights and _held
         self._flights: dict[BlockKey, _Flight] = {}
-        self._unread: OrderedDict[BlockKey, tuple[bytes, float]] = OrderedDict()
-        self._recent: OrderedDict[BlockKey, bytes] = OrderedDict()
-        self._tracked: OrderedDict[BlockKey, None] = OrderedDict()
-        self._prefetch_cap = int(memory_budget * PREFETCH_SHARE)
+        self._held = HeldBlocks(budget, stats, hold_seconds=hold_seconds, clock=clock)
         # Blocks per prefetch request; a run never needs more than the
         # prefetch share, or a small budget would never admit a whole one.
-        self.run_blocks = max(1, min(run_bytes, self._prefetch_cap) // block_size)
-        self._ahead = 0  # bytes of prefetches queued or in flight, and of _unread
-        self._recent_bytes = 0  # bytes of _recent
+        self.run_blocks = max(1, min(run_bytes, self._held.prefetch_cap) // block_size)
         self._closed = False
 
     # -- reads -------------------------------------------------------------
@@ -148,7 +137,7 @@ class BlockFetcher:
         with self._lock:
             if self._closed:
                 raise OSError(errno.EIO, "the block fetcher is closed")
-            data = self._take_held(key)
+            data = self._held.take(key)
             if data is not None:
                 return _done(data)
             flight = self._flights.get(key)
@@ -163,10 +152,14 @@ class BlockFetcher:
         if data is not None:
             with self._lock:
                 self._forget(flight)
-                self._note_read(key)
+                self._held.note_read(key)
             flight.future.set_result(data)
             return flight.future
         self.stats.add(misses=1)
+        with self._lock:
+            if self._flights.get(key) is flight:  # it is fetched: its bytes are on the way
+                flight.demand_bytes = flight.size
+                self.budget.reserve(DEMAND, flight.size)
         self._submit([flight], demand=demand)
         return flight.future
 
@@ -207,7 +200,7 @@ class BlockFetcher:
                         break
                     run.append(key)
                 sizes = [self._span(k)[1] for k in run]
-                if not self._admit_prefetch(sum(sizes)):
+                if not self._held.admit(sum(sizes)):
                     break
                 flights = [
                     _Flight(k, n, prefetch=True, wanted=False, urgent=False)
@@ -223,12 +216,7 @@ class BlockFetcher:
 
     def _known(self, key: BlockKey) -> bool:
         """Held, in flight, or empty (past the end): nothing to fetch. Lock held."""
-        return (
-            key in self._flights
-            or key in self._unread
-            or key in self._recent
-            or self._span(key)[1] == 0
-        )
+        return key in self._flights or key in self._held or self._span(key)[1] == 0
 
     def cancel(self, keys: list[BlockKey]) -> None:
         """A reader lost interest in these prefetches (its handle closed):
@@ -243,17 +231,14 @@ class BlockFetcher:
                 # A shared request is dropped only when nobody waits for any of its blocks.
                 if all(f.prefetch and not f.wanted for f in flight.run):
                     tickets[id(flight.ticket)] = flight.ticket
-                entry = self._unread.pop(key, None)
-                if entry is not None:
-                    self._to_recent(key, entry[0])
-                    self._recent.move_to_end(key, last=False)  # first to go
+                self._held.abandon(key)
         for ticket in tickets.values():
             ticket.cancel()
 
     def memory_in_use(self) -> int:
         """Bytes of the budget taken: prefetches in flight plus held blocks."""
         with self._lock:
-            return self._ahead + self._recent_bytes
+            return self._held.in_use()
 
     def close(self) -> None:
         """Drop queued fetches (their readers get EIO) and held blocks; count
@@ -263,13 +248,7 @@ class BlockFetcher:
                 return
             self._closed = True
             tickets = [f.ticket for f in self._flights.values() if f.ticket is not None]
-            wasted = len(self._tracked)
-            self._tracked.clear()
-            self._ahead -= sum(len(data) for data, _ in self._unread.values())
-            self._unread.clear()
-            self._recent.clear()
-            self._recent_bytes = 0
-        self.stats.add(prefetch_wasted=wasted)
+            self._held.clear()
         for ticket in tickets:
             ticket.cancel()
 
@@ -332,7 +311,7 @@ class BlockFetcher:
             self._complete(flight, data)
 
     def _complete(self, flight: _Flight, data: bytes) -> None:
-        key, length = flight.key, len(data)
+        key = flight.key
         # Readers first; the flight stays registered until the block is in the
         # cache, so a reader arriving meanwhile joins this done future.
         flight.future.set_result(data)
@@ -341,14 +320,14 @@ class BlockFetcher:
         except Exception:
             log.exception("cache put of %s block %d failed", key.obj.key, key.index)
         with self._lock:
-            if not self._forget(flight) or self._closed:
-                return
+            # An unread prefetch keeps its bytes of the budget: they now hold the block.
+            keep = flight.prefetch and not flight.wanted and not self._closed
+            if not self._forget(flight, release=not keep) or self._closed:
+                return  # closed: the hold is cleared and takes nothing more
             if flight.wanted:
-                self._hold_recent(key, data)
-            elif flight.prefetch:
-                self._track(key)
-                self._ahead += length  # the flight's share of the budget now holds it
-                self._unread[key] = (data, self._clock())
+                self._held.hold_recent(key, data)
+            elif keep:
+                self._held.keep_unread(key, data)  # len(data) == flight.size
 
     def _dropped(self, flights: list[_Flight]) -> None:
         """The scheduler dropped the job: release its blocks, or re-queue
@@ -383,8 +362,9 @@ class BlockFetcher:
             if flight.prefetch:
                 self.stats.add(prefetch_used=1)
 
-    def _forget(self, flight: _Flight) -> bool:
-        """Unregister the flight and release its budget; False if it was not registered."""
+    def _forget(self, flight: _Flight, *, release: bool = True) -> bool:
+        """Unregister the flight and release its budget (a prefetch's bytes
+        stay taken with `release=False`); False if it was not registered."""
         if self._flights.get(flight.key) is not flight:
             return False
         del self._flights[flight.key]
@@ -394,76 +374,12 @@ class BlockFetcher:
         # MiB of finished 8 MiB runs at once in a cold 1 GiB read).
         flight.ticket = None
         flight.run = []
-        if flight.prefetch:
-            self._ahead -= flight.size
+        if flight.demand_bytes:
+            self.budget.release(DEMAND, flight.demand_bytes)
+            flight.demand_bytes = 0
+        if flight.prefetch and release:
+            self._held.unadmit(flight.size)
         return True
-
-    def _take_held(self, key: BlockKey) -> bytes | None:
-        entry = self._unread.pop(key, None)
-        if entry is not None:
-            self._to_recent(key, entry[0])
-            self._note_read(key)
-            return entry[0]
-        data = self._recent.get(key)
-        if data is not None:
-            self._recent.move_to_end(key)
-        return data
-
-    def _note_read(self, key: BlockKey) -> None:
-        if self._tracked and key in self._tracked:
-            del self._tracked[key]
-            self.stats.add(prefetch_used=1)
-
-    def _track(self, key: BlockKey) -> None:
-        self._tracked[key] = None
-        if len(self._tracked) > TRACKED_PREFETCHES:
-            self._tracked.popitem(last=False)
-            self.stats.add(prefetch_wasted=1)
-
-    def _to_recent(self, key: BlockKey, data: bytes) -> None:
-        """An unread block was read (or abandoned): same bytes, other account."""
-        self._ahead -= len(data)
-        self._recent[key] = data
-        self._recent_bytes += len(data)
-
-    def _hold_recent(self, key: BlockKey, data: bytes) -> None:
-        if key in self._recent:
-            return
-        self._evict_recent(self.memory_budget - self._ahead - len(data))
-        if self._ahead + self._recent_bytes + len(data) <= self.memory_budget:
-            self._recent[key] = data
-            self._recent_bytes += len(data)
-
-    def _admit_prefetch(self, size: int) -> bool:
-        """Take `size` bytes of the prefetch share, if there are any left."""
-        if self._ahead + size > self._prefetch_cap:
-            self._expire_unread(self._ahead + size - self._prefetch_cap)
-            if self._ahead + size > self._prefetch_cap:
-                return False
-        self._ahead += size
-        self._evict_recent(self.memory_budget - self._ahead)
-        return True
-
-    def _evict_recent(self, room: int) -> None:
-        """Drop least recently read blocks until they fit in `room` bytes."""
-        while self._recent and self._recent_bytes > room:
-            self._recent_bytes -= len(self._recent.popitem(last=False)[1])
-
-    def _expire_unread(self, need: int) -> None:
-        """Drop unread prefetched blocks held past HOLD_SECONDS, oldest first,
-        until `need` bytes are free (or none is that old)."""
-        expired = self._clock() - self.hold_seconds
-        freed = 0
-        while freed < need and self._unread:
-            key, (data, since) = next(iter(self._unread.items()))
-            if since > expired:
-                return
-            del self._unread[key]
-            self._ahead -= len(data)
-            freed += len(data)
-            if key in self._tracked:
-                del self._tracked[key]
-                self.stats.add(prefetch_wasted=1)
 
     # -- helpers -----------------------------------------------------------
 

@@ -33,7 +33,7 @@ from typing import Protocol
 
 from datamount.read.blocks import BlockKey, ObjectId, block_count, blocks_for
 from datamount.read.fetch import BlockFetcher
-from datamount.read.prefetch.policy import PrefetchPolicy
+from datamount.read.prefetch.policy import PrefetchPolicy, reorder_slack
 from datamount.storage.base import ObjectStore
 
 
@@ -101,7 +101,10 @@ class BlockHandle:
         self.block_size = block_size
         # Prefetches go out in batches of one request's worth of blocks.
         self._policy = PrefetchPolicy(
-            block_count(obj.size, block_size), max_window, batch=fetcher.run_blocks
+            block_count(obj.size, block_size),
+            max_window,
+            batch=fetcher.run_blocks,
+            slack=reorder_slack(block_size),
         )
         self._lock = threading.Lock()  # guards the policy and `_ahead`
         # The latest prefetches of this handle, cancelled at close.

@@ -11,8 +11,9 @@ One job: own the staging folder of one output (`<cache>/staging/<hash>/`):
 - `upload(staged)` sends the file through the transfer engine (`Uploader`:
   parallel Put Block + Put Block List, or one Put Blob for small files, the
   content MD5 always set), under the file's lock, so no write lands half-way
-  through an upload. All uploads of a mount share one memory budget of
-  2 x threads blocks. It returns once the blob is committed (durable); a
+  through an upload. All uploads of a mount share the UPLOAD area of one
+  MemoryBudget (budget.py): 2 x threads blocks, given by the mount (shared
+  with the read path) or made here. It returns once the blob is committed (durable); a
   failure (after the store's retries) raises EIO and the file stays staged.
 - `journal.json` lists every staged file whose bytes are not known to be in
   storage, with its blob key and state: `open` (written, not yet flushed),
@@ -30,8 +31,7 @@ One job: own the staging folder of one output (`<cache>/staging/<hash>/`):
 
 Threads: any FUSE thread. `_lock` guards the journal and counters; each
 staged file's `lock` serialises its writes, truncates and uploads (reads are
-plain `pread`s and take no lock). Imports `storage.base`, `transfer.upload`,
-`errors`.
+plain `pread`s and take no lock).
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from datamount.errors import OutputError
+from datamount.budget import UPLOAD, MemoryBudget
+from datamount.errors import OutputError, os_error
 from datamount.storage.base import ObjectStore
 from datamount.transfer.progress import Progress
 from datamount.transfer.upload import BLOCK_SIZE, Uploader, UploadOptions
@@ -66,10 +66,6 @@ from datamount.write.journal import (
 log = logging.getLogger("datamount.writeback")
 
 LOCK = ".lock"  # flock'd by the daemon that owns the folder; holds its pid
-
-
-def _error(code: int, what: str = "") -> OSError:
-    return OSError(code, os.strerror(code), what) if what else OSError(code, os.strerror(code))
 
 
 def _set(event: threading.Event) -> threading.Event:
@@ -115,10 +111,31 @@ class WriteBackOptions:
     reserved_free_disk_space: int = 0
 
 
+def upload_budget(options: WriteBackOptions) -> int:
+    """Bytes of upload buffers a mount needs: one Uploader holds up to
+    2 x threads blocks in flight (2 x 8 x 8 MiB = 128 MiB by default)."""
+    return 2 * options.threads * options.block_size
+
+
 class WriteBack:
     """The staging folder of one output and its journal."""
 
-    def __init__(self, store: ObjectStore, directory: Path, options: WriteBackOptions) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        directory: Path,
+        options: WriteBackOptions,
+        budget: MemoryBudget | None = None,
+    ) -> None:
+        """`budget`: the mount's MemoryBudget, whose UPLOAD area bounds the
+        upload buffers; by default one of its own, of upload_budget(options)."""
+        if budget is None:
+            budget = MemoryBudget({UPLOAD: upload_budget(options)})
+        elif (budget.limit(UPLOAD) if budget.has(UPLOAD) else 0) < options.block_size:
+            raise ValueError(
+                "the memory budget's upload area must hold at least one upload block "
+                f"({options.block_size} bytes)"
+            )
         self.store = store
         self.directory = directory
         self.options = options
@@ -126,12 +143,10 @@ class WriteBack:
         self._lock_fd = self._take_folder(directory)
         self._lock = threading.Lock()
         self._journal: dict[str, dict[str, str]] = self._load()
-        # Upload memory, in blocks, shared by every upload of the mount: one
-        # Uploader holds up to 2 x threads blocks in flight (2 x 8 x 8 MiB =
-        # 128 MiB by default), and so do all of them together.
-        self._budget = 2 * options.threads
-        self._budget_free = self._budget
-        self._budget_cond = threading.Condition()
+        # Upload memory, in blocks, shared by every upload of the mount: all
+        # of them together hold what one Uploader may (upload_budget).
+        self.budget = budget
+        self._budget = budget.limit(UPLOAD) // options.block_size
         self._counts = {
             "files_uploaded": 0,
             "bytes_uploaded": 0,
@@ -227,7 +242,7 @@ class WriteBack:
         st = os.statvfs(self.directory)
         free = st.f_bavail * st.f_frsize
         if free - growth < self.options.reserved_free_disk_space:
-            raise _error(errno.ENOSPC, f"staging {self.directory}")
+            raise os_error(errno.ENOSPC, f"staging {self.directory}")
 
     def _changed(self, staged: Staged) -> None:
         staged.version += 1
@@ -256,7 +271,7 @@ class WriteBack:
             while offset < size:
                 data = read(offset, min(chunk, size - offset))  # type: ignore[operator]
                 if not data:
-                    raise _error(errno.EIO, f"{staged.key}: ended at {offset} of {size} bytes")
+                    raise os_error(errno.EIO, f"{staged.key}: ended at {offset} of {size} bytes")
                 os.pwrite(staged.fd, data, offset)
                 offset += len(data)
 
@@ -286,7 +301,7 @@ class WriteBack:
                 options = UploadOptions(
                     threads=self.options.threads, block_size=self.options.block_size, overwrite=True
                 )
-                with self._memory(blocks):
+                with self.budget.held(UPLOAD, blocks * self.options.block_size):
                     uploader = Uploader(self.store, options, Progress("upload"))
                     uploader.upload(staged.path, staged.key)
             except Exception as exc:
@@ -296,7 +311,7 @@ class WriteBack:
                 self._set_state(staged, FAILED, str(exc))
                 log.error("upload of %s (%d bytes, %s) failed: %s; kept in %s",
                           staged.key, size, why, exc, staged.path)  # fmt: skip
-                raise _error(errno.EIO, staged.key) from exc
+                raise os_error(errno.EIO, staged.key) from exc
             seconds = time.monotonic() - started
             with self._lock:
                 self._counts["uploads_in_flight"] -= 1
@@ -313,19 +328,6 @@ class WriteBack:
         """Unlinked or replaced: never uploaded; open handles may still read it."""
         staged.discarded = True
         self._set_state(staged, None)
-
-    @contextlib.contextmanager
-    def _memory(self, blocks: int) -> Iterator[None]:
-        with self._budget_cond:
-            while self._budget_free < blocks:
-                self._budget_cond.wait()
-            self._budget_free -= blocks
-        try:
-            yield
-        finally:
-            with self._budget_cond:
-                self._budget_free += blocks
-                self._budget_cond.notify_all()
 
     def discard(self, staged: Staged) -> None:
         """Remove a staged file: nothing left to upload (or unlinked)."""

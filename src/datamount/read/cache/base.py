@@ -3,7 +3,7 @@
 A cache maps BlockKey (object version + block index) to the block's bytes.
 `get` returns None on a miss; an error inside a tier is a miss, never an
 exception to the reader. `put` may drop the block (a full queue, no room).
-Implementations are thread-safe. Imports `blocks` only.
+Implementations are thread-safe.
 """
 
 from __future__ import annotations

@@ -19,13 +19,15 @@ against the key it was asked for, the file size and the checksum: a corrupt,
 truncated, foreign-version or other-format file is a miss and is removed. No
 fsync: a block torn by a power cut fails its checksum, and a cache may lose data.
 
-Writes never block a reader. `put` appends to a queue bounded in bytes
-(DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE, 512 MiB = 256 blocks of 2 MiB:
+Writes never block a reader. `put` appends to a queue bounded in bytes: the
+DISK_QUEUE area of the mount's MemoryBudget (budget.py), sized by
+DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE (512 MiB = 256 blocks of 2 MiB:
 what a 200 MB/s temp disk absorbs in 2.5 s); a block being written still
 counts, so RAM held for the disk is never above the bound. When the queue is
-full the block is skipped (`disk_queue_dropped`). A queued block is served by
-`get` from the queue. `write_threads` writers write `root/tmp/<name>.<tid>.tmp`
-and rename it, so a final name never holds a torn block. Blocks of
+full, or the whole budget is, the block is skipped (`disk_queue_dropped`). A
+queued block is served by `get` from the queue. `write_threads` writers
+write `root/tmp/<name>.<tid>.tmp` and rename it, so a final name never holds
+a torn block. Blocks of
 DIRECT_MIN bytes and more are written with O_DIRECT (all but the last
 partial page, which is written through the page cache), from a page-aligned
 per-writer buffer: buffered writes of fresh files cost this VM ~2.5 s of
@@ -49,7 +51,6 @@ count only their own writes.
 
 Counting: this tier counts `disk_evictions` and `disk_queue_dropped`; hits and
 misses are counted by tiered.py. Threads: one indexer, `write_threads` writers.
-Imports `blocks` and `stats`.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 
+from datamount.budget import DISK_QUEUE, MemoryBudget
 from datamount.read.blocks import BlockKey, ObjectId
 from datamount.read.stats import MountStats
 
@@ -125,22 +127,33 @@ class DiskCache:
         prune_threshold: float,
         prune_target: float,
         write_threads: int,
-        max_queue_bytes: int,
+        max_queue_bytes: int | None = None,
+        budget: MemoryBudget | None = None,
         stats: MountStats | None = None,
         free_bytes: Callable[[], int] | None = None,
     ) -> None:
         """`limit(free_bytes, used_bytes)` is the total the cache may hold
-        (settings.cache_limit). `free_bytes` overrides os.statvfs(root) (tests
-        simulate a small disk with it)."""
+        (settings.cache_limit). The queue draws from `budget`, the mount's
+        shared MemoryBudget, or from one of its own of `max_queue_bytes`.
+        `free_bytes` overrides os.statvfs(root) (tests simulate a small disk
+        with it)."""
         if not 0.0 < prune_target <= prune_threshold <= 1.0:
             raise ValueError("need 0 < prune_target <= prune_threshold <= 1")
-        if write_threads < 1 or max_queue_bytes < 0:
-            raise ValueError("need write_threads >= 1 and max_queue_bytes >= 0")
+        if (budget is None) == (max_queue_bytes is None):
+            raise ValueError("give exactly one of max_queue_bytes and budget")
+        if max_queue_bytes is not None and max_queue_bytes < 0:
+            raise ValueError("need max_queue_bytes >= 0")
+        if budget is None:
+            budget = MemoryBudget({DISK_QUEUE: max_queue_bytes or 0})
+        elif not budget.has(DISK_QUEUE):
+            raise ValueError("the memory budget has no disk-queue area")
+        if write_threads < 1:
+            raise ValueError("need write_threads >= 1")
         self.root = Path(root)
         self._limit = limit
         self._threshold = prune_threshold
         self._target = prune_target
-        self._max_queue_bytes = max_queue_bytes
+        self.budget = budget
         self._stats = stats
         self._free = free_bytes or (lambda: _free_bytes(self.root))
         self._tmp = self.root / TMP_DIR
@@ -216,7 +229,7 @@ class DiskCache:
         with self._cond:
             if self._closing or name in self._queued:
                 return
-            if self._queued_bytes + len(data) > self._max_queue_bytes:
+            if not self.budget.try_reserve(DISK_QUEUE, len(data)):
                 dropped = True
             else:
                 self._queue.append((name, key))
@@ -242,7 +255,7 @@ class DiskCache:
         with self._cond:
             self._closing = True
             for name, _ in self._queue:
-                self._queued_bytes -= len(self._queued.pop(name))
+                self._unqueue(name)
             self._queue.clear()
             self._cond.notify_all()
         for thread in self._threads:
@@ -326,9 +339,14 @@ class DiskCache:
                 log.exception("disk cache: writing a block failed")
             finally:
                 with self._cond:
-                    del self._queued[name]
-                    self._queued_bytes -= len(data)
+                    self._unqueue(name)
                     self._cond.notify_all()  # flush() waiters
+
+    def _unqueue(self, name: str) -> None:
+        """A queued block is written, dropped or abandoned: give its bytes back. _cond held."""
+        size = len(self._queued.pop(name))
+        self._queued_bytes -= size
+        self.budget.release(DISK_QUEUE, size)
 
     def _write(self, name: str, key: BlockKey, data: bytes) -> None:
         header = encode_header(key, data)  # the crc32 runs here, off the reader's path

@@ -11,7 +11,6 @@ misses are counted by the cache that asks the question (tiered.py), so a RAM
 miss followed by a disk hit is never also counted as a miss.
 
 Thread-safe: one lock around an OrderedDict; no I/O and no threads of its own.
-Imports `blocks` and `stats`.
 """
 
 from __future__ import annotations

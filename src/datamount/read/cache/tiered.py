@@ -14,7 +14,7 @@ of `ram_hits`, `disk_hits`, `misses`. The tiers count what only they can see
 root always builds a TieredCache, with `NoCache` for a disabled tier, and the
 hit counters mean the same in every configuration. `contains` counts nothing.
 
-No threads of its own. Imports `blocks`, `cache.base`, `stats`.
+No threads of its own.
 """
 
 from __future__ import annotations

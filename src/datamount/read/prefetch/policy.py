@@ -7,9 +7,11 @@ answers which blocks to prefetch now. Sequential access grows the window
 random reader pays only for the blocks it touches. The kernel's readahead is
 served by several FUSE threads, so reads of one sequential stream arrive a
 little out of order: a read that lands inside the recent window (up to
-`max(REORDER_SLACK, window)` blocks behind the furthest block read, up to
-the furthest block already prefetched, and, once the stream is sequential,
-up to REORDER_SLACK blocks beyond that) still belongs to the stream; it
+`max(slack, window)` blocks behind the furthest block read, up to the
+furthest block already prefetched, and, once the stream is sequential, up to
+`slack` blocks beyond that; `slack` is `reorder_slack(block_size)`,
+REORDER_SLACK_BYTES in blocks, at most REORDER_SLACK) still belongs to the
+stream; it
 grows the window only if it moves the stream forward. A block is
 returned at most once per stream (a stream ends at a random jump; the
 fetcher ignores a prefetch of a block it holds or is fetching, so a new
@@ -22,25 +24,41 @@ block would otherwise yield one-block requests (the per-request cost, not
 the bytes, bounds the throughput of small ranges).
 
 No threads, no I/O, no locks: the caller (one handle) serialises calls.
-Imports nothing.
 """
 
 from __future__ import annotations
 
-# Reads this many blocks behind the furthest block read still belong to the
-# stream while its window is small: libfuse serves the kernel's readahead
-# (4 MiB on our mounts) with up to 12 background requests of <= 1 MiB, i.e.
-# a few 2 MiB blocks of reordering at most.
+# Reads this many bytes behind the furthest block read (or past what was
+# prefetched) still belong to the stream while its window is small: libfuse
+# serves the kernel's readahead (4 MiB on our mounts) with up to 12
+# background requests of <= 1 MiB, so the requests of two readahead windows,
+# 8 MiB, arrive in any order: 4 blocks of the default 2 MiB, 1 of 8 MiB.
+REORDER_SLACK_BYTES = 8 << 20
+# ...but never more than this many blocks: with a wider tolerance the random
+# reads of a small-block mount that land near each other merge into false
+# streams and prefetch (tests/test_reader.py's random reads, 1 KiB blocks
+# over a 512 KiB file: an 8 MiB slack prefetched far more than the 4 blocks
+# it allows). This is also the slack of the default 2 MiB blocks.
 REORDER_SLACK = 4
 
 
+def reorder_slack(block_size: int) -> int:
+    """REORDER_SLACK_BYTES in blocks of `block_size`, from 1 to REORDER_SLACK."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    return max(1, min(REORDER_SLACK, -(-REORDER_SLACK_BYTES // block_size)))
+
+
 class PrefetchPolicy:
-    def __init__(self, block_count: int, max_window: int, batch: int = 1) -> None:
-        if block_count < 0 or max_window < 0 or batch < 1:
-            raise ValueError("block_count and max_window must not be negative, batch >= 1")
+    def __init__(
+        self, block_count: int, max_window: int, batch: int = 1, *, slack: int = REORDER_SLACK
+    ) -> None:
+        if block_count < 0 or max_window < 0 or batch < 1 or slack < 0:
+            raise ValueError("block_count, max_window and slack must not be negative, batch >= 1")
         self.block_count = block_count
         self.max_window = max_window
         self.batch = batch
+        self.slack = slack  # blocks: reorder_slack(block_size)
         self._window = 0
         self._hi = -1  # furthest block read in this stream; -1: nothing read yet
         self._issued = 0  # blocks below this were read or returned in this stream
@@ -85,8 +103,8 @@ class PrefetchPolicy:
             # The first read of a handle: a read from the start of the file is
             # the start of a scan (cat, dd, decoders); anywhere else, wait and see.
             return first == 0
-        back = max(REORDER_SLACK, self._window)
+        back = max(self.slack, self._window)
         # A stream already judged sequential also tolerates reads that overtake
         # what it prefetched; a new (or random) stream must continue exactly.
-        ahead = REORDER_SLACK if self._window else 0
+        ahead = self.slack if self._window else 0
         return self._hi - back <= first <= max(self._hi + 1, self._issued) + ahead

@@ -16,7 +16,7 @@ back to it: a cycle would keep their data until the cyclic GC). `close()`
 drops every queued job, lets running ones finish, and joins the workers.
 
 Threads: `threads` daemon workers; `submit`, `Ticket.cancel` and
-`Ticket.promote` from any thread. Imports nothing from the project.
+`Ticket.promote` from any thread.
 """
 
 from __future__ import annotations

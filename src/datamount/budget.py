@@ -1,0 +1,168 @@
+"""One memory budget per mount: the bytes held in RAM outside the RAM tier.
+
+mountpoint-s3's mem_limiter.rs is one limiter shared by the prefetcher and
+the uploader; this is ours. The budget is a set of named areas, each with
+its own limit, and a total that is the sum of the limits:
+
+- PREFETCH: the BlockFetcher's prefetches in flight, its prefetched blocks
+  not yet read and its recently read blocks (DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT
+  x DATASET_MOUNT_READ_BLOCK_SIZE).
+- DEMAND: blocks a reader waits for, while they are fetched. Limit 0: demand
+  reads take their bytes with `reserve`, which never fails and never waits,
+  even past the total (mountpoint-s3's rule: a demand read must never
+  deadlock behind prefetch), and while they are over, background work waits.
+- DISK_QUEUE: blocks waiting for the disk tier's writers
+  (DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE).
+- UPLOAD: the rw_mount upload buffers (2 x upload threads x 8 MiB blocks).
+
+Background work asks with `try_reserve` (prefetch, the disk queue: they
+would rather skip a block than wait) or `acquire` (an upload: it waits for
+room). Both succeed only when the area stays within its limit and the whole
+budget within its total. The per-area limits are the bounds each consumer
+had on its own before there was one budget (the knobs of the Azure ML
+runtime size them), so the total is never looser than their sum; the RAM
+tier (DATASET_MOUNT_MEMORY_CACHE_SIZE) is its own bounded cache, apart.
+
+Threads: any thread; one Condition guards the counts. It calls nothing
+outside itself, so a caller may hold its own lock while calling in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+
+PREFETCH = "prefetch"
+DEMAND = "demand"
+DISK_QUEUE = "disk queue"
+UPLOAD = "upload"
+
+_LABELS = {
+    PREFETCH: "prefetch and held blocks",
+    DEMAND: "demand reads",
+    DISK_QUEUE: "disk-write queue",
+    UPLOAD: "upload buffers",
+}
+
+
+class MemoryBudget:
+    def __init__(self, limits: Mapping[str, int]) -> None:
+        """`limits`: bytes per area; the total is their sum. An area with
+        limit 0 is served only by `reserve` (demand)."""
+        if any(limit < 0 for limit in limits.values()):
+            raise ValueError(f"memory budget limits must not be negative: {dict(limits)}")
+        self.limits = dict(limits)
+        self.total = sum(self.limits.values())
+        self._cond = threading.Condition(threading.Lock())
+        self._used = dict.fromkeys(self.limits, 0)
+        self._in_use = 0
+        self._peak = 0
+
+    def limit(self, area: str) -> int:
+        return self.limits[area]
+
+    def has(self, area: str) -> bool:
+        return area in self.limits
+
+    # -- taking and giving back ----------------------------------------------
+
+    def try_reserve(self, area: str, size: int) -> bool:
+        """Take `size` bytes for `area` if it stays within its limit and the
+        budget within its total; never waits."""
+        with self._cond:
+            if not self._fits(area, size):
+                return False
+            self._take(area, size)
+            return True
+
+    def reserve(self, area: str, size: int) -> None:
+        """Take `size` bytes for `area` whatever the limits (demand reads):
+        never fails, never waits."""
+        with self._cond:
+            self._used[area]  # KeyError for an area the budget does not have
+            self._take(area, size)
+
+    def acquire(self, area: str, size: int, timeout: float | None = None) -> bool:
+        """Take `size` bytes for `area`, waiting until they fit; False on
+        timeout. ValueError when they can never fit (more than the area's
+        limit)."""
+        if size > self.limits[area]:
+            raise ValueError(
+                f"{size} bytes can never fit the {area!r} area of the memory budget "
+                f"({self.limits[area]} bytes)"
+            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._fits(area, size):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            self._take(area, size)
+            return True
+
+    def release(self, area: str, size: int) -> None:
+        """Give back `size` bytes `area` took."""
+        if size == 0:
+            return
+        with self._cond:
+            if size < 0 or size > self._used[area]:
+                raise ValueError(
+                    f"releasing {size} bytes of the {area!r} area, which holds {self._used[area]}"
+                )
+            self._used[area] -= size
+            self._in_use -= size
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def held(self, area: str, size: int) -> Iterator[None]:
+        """`acquire` for the duration of a block; released however it ends."""
+        self.acquire(area, size)
+        try:
+            yield
+        finally:
+            self.release(area, size)
+
+    # -- looking -------------------------------------------------------------
+
+    def in_use(self, area: str | None = None) -> int:
+        with self._cond:
+            return self._in_use if area is None else self._used[area]
+
+    @property
+    def peak(self) -> int:
+        """The most bytes held at once since the budget was made."""
+        with self._cond:
+            return self._peak
+
+    def describe(self) -> str:
+        """One line for the start-up log: the total and what draws from it."""
+        parts = [
+            f"{_LABELS.get(area, area)} {_mib(limit)}"
+            for area, limit in self.limits.items()
+            if limit > 0
+        ]
+        line = f"{_mib(self.total)} ({', '.join(parts) or 'nothing'})"
+        if DEMAND in self.limits:
+            line += "; demand reads never wait for it"
+        return line
+
+    # -- lock held -----------------------------------------------------------
+
+    def _fits(self, area: str, size: int) -> bool:
+        if size < 0:
+            raise ValueError(f"cannot take {size} bytes")
+        return self._used[area] + size <= self.limits[area] and self._in_use + size <= self.total
+
+    def _take(self, area: str, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"cannot take {size} bytes")
+        self._used[area] += size
+        self._in_use += size
+        self._peak = max(self._peak, self._in_use)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):g} MiB"
