@@ -9,8 +9,10 @@ and clean up. The exit code is the command's own; a job whose data could not
 be prepared exits EXIT_DATA (the command never starts) and one whose outputs
 could not be written exits EXIT_OUTPUTS.
 
-Part of the composition root (it drives `app` the way the CLI does, and only
-`cli` imports it). Printing goes through the `say` callable the CLI passes.
+Every entry is prepared and finished through the mode table (modes), as the
+`mount` and `unmount` commands do. Printing goes through the `say` callable
+the CLI passes. Threads: one per entry while preparing; the command itself
+runs in a child process.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def check(ctx: Context, spec: JobSpec) -> None:
         allowed = modes.modes_for(entry.direction)
         if entry.mode not in allowed:
             problems.append(
-                f"{where}.mode: {entry.mode.value} is not available in `run` yet "
+                f"{where}.mode: {entry.mode.value} is not available in `run` "
                 f"(supported: {', '.join(m.value for m in allowed)})"
             )
         try:

@@ -8,8 +8,8 @@ file-level `take` / `skip` / `take_random_sample` steps, drops duplicates and
 keeps the order: entries in file order, files of one entry in key order.
 
 `EvalFile.eval_path` (layout.py) is where a file lands in the eval_download /
-eval_mount layout. Stores come from the caller's factory (the app's
-`make_store`) and are closed when evaluation ends. Single-threaded.
+eval_mount layout. Stores come from the caller's factory (the context's
+`store`) and are closed when evaluation ends. Single-threaded.
 """
 
 from __future__ import annotations
