@@ -102,8 +102,14 @@ def test_unknown_account_is_anonymous_default_endpoint(ws: Workspace) -> None:
     loc = resolve(ws, "wasbs://cont1@someacct.blob.core.usgovcloudapi.net/a/")
     assert loc.endpoint == "https://someacct.blob.core.usgovcloudapi.net"
     assert loc.credential.kind is CredentialKind.ANONYMOUS
-    insecure = resolve(ws, "wasb://cont1@someacct.blob.core.windows.net/a")
-    assert insecure.endpoint == "http://someacct.blob.core.windows.net"
+    # wasb:// (and abfs://) are read over HTTPS too, as Azure ML does (issue 17:
+    # accounts refuse plain HTTP by default); it was http:// before.
+    plain = resolve(ws, "wasb://cont1@someacct.blob.core.windows.net/a")
+    assert plain.endpoint == "https://someacct.blob.core.windows.net"
+    assert plain.uri() == "https://someacct.blob.core.windows.net/cont1/a"
+    lake = resolve(ws, "abfs://fs1@someacct.dfs.core.windows.net/a")
+    assert lake.endpoint == "https://someacct.blob.core.windows.net"
+    assert lake.uri() == "abfss://fs1@someacct.dfs.core.windows.net/a"
 
 
 def test_abfss_uri_borrows_matching_datastore_credential(ws: Workspace) -> None:

@@ -307,8 +307,13 @@ class Workspace:
         )
 
     def _account(self, account: str, location: Location, container: str) -> tuple[str, Credential]:
-        """Endpoint and stored credential for an account named by a URI."""
-        scheme = "https" if location.secure else "http"
+        """Endpoint and stored credential for an account named by a URI.
+
+        Always HTTPS, `wasb://` and `abfs://` too, as Azure ML reads them:
+        Azure accounts refuse plain HTTP by default ("secure transfer
+        required"), and a key-signed request over HTTP is readable on the
+        way. An account's explicit `endpoint:` (Azurite's) still decides."""
+        scheme = "https"
         conf = self.config.accounts.get(account)
         if conf is not None:
             endpoint = conf.endpoint or f"{scheme}://{account}.blob.{conf.endpoint_suffix}"
