@@ -635,3 +635,38 @@ def test_uri_file_output(
     assert blob(azure_store, "out/model.pkl") == body
     assert azure_store.stat("out/model.pkl").content_md5 == md5(body)
     unmount_ok(mounts, mp, env)
+
+
+def test_names_that_are_not_utf8_are_eilseq_named_once_and_never_staged(
+    azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    root = os.fsencode(mp)
+    (mp / "a.txt").write_bytes(b"a")
+    attempts = {
+        "create": lambda: os.open(root + b"/\xff\xfe.bin", os.O_CREAT | os.O_WRONLY, 0o644),
+        "mkdir": lambda: os.mkdir(root + b"/caf\xe9"),
+        "rename": lambda: os.rename(root + b"/a.txt", root + b"/\x80.txt"),
+    }
+    for op, attempt in attempts.items():
+        with pytest.raises(OSError) as info:
+            attempt()
+        assert info.value.errno == errno.EILSEQ, op
+    with pytest.raises(FileNotFoundError):
+        os.stat(root + b"/\xff")  # no blob can hold the name: a plain ENOENT
+    assert sorted(os.listdir(mp)) == ["a.txt"]
+    assert not any(staging_dir(mounts).glob("*.data"))  # nothing staged
+    unmount_ok(mounts, mp, env)
+    assert sorted(o.key for p in azure_store.list_pages("out/") for o in p.objects) == ["out/a.txt"]
+    lines = [line for line in runtime_log(mounts).splitlines() if "EILSEQ" in line]
+    assert [line.split("datamount.fuse: ")[1] for line in lines] == [
+        "create: [Errno 84] name is not valid UTF-8, as Azure blob names must be: "
+        "b'/\\xff\\xfe.bin' (errno EILSEQ)",
+        "mkdir: [Errno 84] name is not valid UTF-8, as Azure blob names must be: "
+        "b'/caf\\xe9' (errno EILSEQ)",
+        "rename: [Errno 84] name is not valid UTF-8, as Azure blob names must be: "
+        "b'/\\x80.txt' (errno EILSEQ)",
+    ]
+    assert "unexpected" not in runtime_log(mounts)

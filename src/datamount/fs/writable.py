@@ -29,7 +29,9 @@ One job: the write side of the FUSE filesystem, testable without a kernel
   mode, and their time is the service's last-modified time. Files show as
   0755 (a script written to an output can be run), folders 0755.
 - New names (create, mkdir, rename's target) with a backslash are EINVAL:
-  Azure reads it as `/`, so the name would come back as a folder.
+  Azure reads it as `/`, so the name would come back as a folder. A name
+  not valid UTF-8 (as blob names are) is EILSEQ, ZFS utf8only's answer, named
+  in one log line; nothing is staged. A lookup of one is ENOENT.
 - The namespace's caches are invalidated by every change made here; the
   kernel's own caches follow its dentries.
 
@@ -68,6 +70,11 @@ from datamount.write.writeback import Staged, WriteBack
 RW_FILE_MODE = stat.S_IFREG | 0o755
 RW_DIR_MODE = stat.S_IFDIR | 0o755
 _WRITING = os.O_TRUNC | os.O_APPEND
+NOT_UTF8 = "name is not valid UTF-8, as Azure blob names must be"
+
+
+def _utf8(path: str) -> bool:  # FUSE paths come with surrogateescape: bad bytes are surrogates
+    return path.isascii() or not any("\udc80" <= c <= "\udcff" for c in path)
 
 
 class _OnStaged(OpenFile):
@@ -112,6 +119,9 @@ class WritableFS(ReadOnlyFS):
         """A name this mount may create: not too long, and no backslash (Azure
         reads `\\` as `/`, so `a\\b` would come back as the folder `a`)."""
         name = split(path)[1]
+        if not _utf8(path):
+            # bytes: the funnel's log line shows b'/\xff.bin', not a surrogate
+            raise OSError(errno.EILSEQ, NOT_UTF8, os.fsencode(path))
         if len(name.encode()) > NAME_MAX:
             raise os_error(errno.ENAMETOOLONG, path)
         if "\\" in name:
@@ -124,6 +134,8 @@ class WritableFS(ReadOnlyFS):
 
     def lookup(self, path: str) -> Attrs:
         """A path being written shows its staged file (size, time)."""
+        if not _utf8(path):
+            raise os_error(errno.ENOENT)  # no blob name holds these bytes
         staged = self.staged.visible(path.strip("/"))
         if staged is not None:
             return self.staged.attrs(staged)

@@ -29,15 +29,30 @@ class UnsafeName(DataError):
     """An object name that cannot be a local path under the destination."""
 
 
-def safe_relative(name: str) -> str:
-    """`name` as a relative path that stays under the destination.
+NAME_MAX = 255  # bytes in one local path component (Linux); a blob name may hold 1,024 chars
+
+
+def safe_relative(name: str, key: str | None = None) -> str:
+    """`name` (the part of blob `key` below the source) as a relative path
+    that stays under the destination.
 
     Doubled slashes collapse (blob stores allow 'a//b'); '.' and '..'
-    segments, NUL and names longer than a path component are refused.
+    segments, NUL and a part longer than a local file name are refused, with
+    the reason and the blob's whole name.
     """
     parts = [p for p in name.split("/") if p]
-    if not parts or any(p in (".", "..") or "\x00" in p or len(p.encode()) > 255 for p in parts):
-        raise UnsafeName(f"object name {name!r} cannot be a local path")
+    why = "" if parts else "it is empty"
+    for p in parts:
+        if p in (".", ".."):
+            why = f"it has a {p!r} part"
+        elif "\x00" in p:
+            why = "it holds a NUL"
+        elif len(p.encode()) > NAME_MAX:
+            why = f"a part is {len(p.encode())} bytes long, a local file name {NAME_MAX} at most"
+        if why:
+            break
+    if why:
+        raise UnsafeName(f"object name {key or name!r} cannot be a local path: {why}")
     return "/".join(parts)
 
 
@@ -57,7 +72,7 @@ def single_file(store: ReadableStore, key: str) -> SourceFile:
     info = store.stat(key)
     if info.is_dir:
         raise DatamountError(f"{key}: is a folder; declare the input as uri_folder")
-    return SourceFile(key, safe_relative(posixpath.basename(key)), info.size, info.etag)
+    return SourceFile(key, safe_relative(posixpath.basename(key), key), info.size, info.etag)
 
 
 def folder_pages(store: ReadableStore, key: str) -> Iterator[list[SourceFile]]:
@@ -80,7 +95,9 @@ def folder_pages(store: ReadableStore, key: str) -> Iterator[list[SourceFile]]:
             seen_any = True
             if is_folder_marker(obj) or not obj.key.startswith(prefix):
                 continue
-            src = SourceFile(obj.key, safe_relative(obj.key[len(prefix) :]), obj.size, obj.etag)
+            src = SourceFile(
+                obj.key, safe_relative(obj.key[len(prefix) :], obj.key), obj.size, obj.etag
+            )
             still = []
             for h in held:
                 if src.rel.startswith(h.rel + "/"):

@@ -7,6 +7,10 @@
 - The MD5 is computed before uploading only when a same-size blob exists (to
   decide the skip); otherwise it is computed while the blocks are staged.
 - Memory: at most `2 × threads` blocks in flight.
+- Names: Azure blob names are UTF-8. A file or folder name that is not valid
+  UTF-8 (Linux allows any bytes) stops the upload before any request, with
+  one line naming the first such path (bytes shown as `\\xff`): `BadName`,
+  exit 2. Nothing is half-uploaded, and nothing is renamed behind the user's back.
 
 Threads: `threads` workers; the calling thread walks the tree and schedules.
 """
@@ -24,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from datamount.errors import DatamountError, ObjectNotFound
+from datamount.errors import DatamountError, InvalidInput, ObjectNotFound
 from datamount.storage.base import ObjectStore
 from datamount.transfer.manifest import MANIFEST_NAME
 from datamount.transfer.progress import Progress, human
@@ -36,6 +40,11 @@ log = logging.getLogger("datamount.transfer.upload")
 # overhead stays < 2% at the rates Azurite and Azure reach.
 BLOCK_SIZE = 8 << 20
 HASH_CHUNK = 1 << 20
+
+
+class BadName(InvalidInput):
+    """A local name that cannot be a blob name (not valid UTF-8): refused
+    before anything is uploaded (exit 2: bad input, nothing started)."""
 
 
 @dataclass(frozen=True)
@@ -102,10 +111,13 @@ class Uploader:
             raise DatamountError(f"{src}: no such file or folder to upload")
         if src.is_file():
             key = key + src.name if key.endswith("/") or key == "" else key
+            _check_name(src, key)
             files: Iterator[tuple[Path, str]] = iter([(src, key)])
             existing = {} if self.options.overwrite else self._existing_one(key)
         else:
             prefix = folder_prefix(key)
+            _check_name(src, prefix)
+            _check_tree(src)
             files = ((path, prefix + rel) for path, rel in _walk(src))
             existing = self._existing_tree(prefix)
         log.info(
@@ -254,6 +266,53 @@ class Uploader:
                 log.error("upload failed: %s", exc or type(exc).__name__)
             self._idle.notify_all()
         self._cancel.set()
+
+
+def shown(path: Path | str) -> str:
+    """`path` printable as it is on disk: bytes that are not UTF-8 as `\\xff`
+    (Python keeps them as surrogates, which no terminal or log can encode)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_name(src: Path, key: str) -> None:
+    """The one destination name of a single-file upload (or the prefix)."""
+    if not _utf8(key):
+        what = src if not _utf8(src.name) else f"destination {shown(key)}"
+        raise BadName(
+            f"{shown(what)}: the name is not valid UTF-8, as Azure blob names must be: "
+            "rename it and upload again (nothing was uploaded)"
+        )
+
+
+def _check_tree(root: Path) -> None:
+    """Every name under `root` can be a blob name, checked before the first
+    request (a second walk of the tree: only names, no stat, and the
+    dentries are cached for the upload's walk). A bad folder name is named
+    once, not for every file below it."""
+    bad: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        for name in filenames:
+            if not _utf8(name):
+                bad.append(base / name)
+        keep = [d for d in dirnames if _utf8(d)]
+        bad.extend(base / d for d in dirnames if not _utf8(d))
+        dirnames[:] = keep
+    if bad:
+        first = min(bad, key=lambda p: os.fsencode(p))
+        more = f" (and {len(bad) - 1} more such names)" if len(bad) > 1 else ""
+        raise BadName(
+            f"{shown(first)}: the name is not valid UTF-8, as Azure blob names must be{more}: "
+            "rename it and upload again (nothing was uploaded)"
+        )
 
 
 def _walk(root: Path) -> Iterator[tuple[Path, str]]:
