@@ -113,7 +113,8 @@ def _formatter(fmt: str) -> logging.Formatter:
 
 
 def _file_handler(path: Path, fmt: str) -> logging.FileHandler:
-    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    # backslashreplace: a local path that is not valid UTF-8 is logged escaped, not dropped.
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8", errors="backslashreplace")
     handler.setFormatter(_formatter(fmt))
     handler.addFilter(RedactingFilter())
     return handler

@@ -30,6 +30,7 @@ from datamount.modes.transfer import upload_target
 from datamount.mount import outputs
 from datamount.spec import DataInput, DataType, JobSpec
 from datamount.storage.location import StorageKind, StorageLocation
+from datamount.transfer.upload import BadName
 from datamount.workspace import Workspace
 
 log = logging.getLogger("datamount.app")
@@ -111,7 +112,10 @@ def _finish(ctx: Context, record: outputs.UploadOutput, *, register: bool) -> st
         raise OutputError(f"outputs.{entry.name}: the job wrote no file at {src}")
     location = ctx.resolve(spec, entry)
     tgt = Target(location, entry.type is DataType.URI_FILE, f"outputs.{entry.name}")
-    result = upload_target(ctx, src, tgt)
+    try:
+        result = upload_target(ctx, src, tgt)
+    except BadName as exc:  # the folder and its record stay: rename, then unmount again
+        raise OutputError(f"outputs.{entry.name}: {exc}") from None
     registered = register_output(ctx, spec, entry) if register else None
     outputs.finish(ctx.settings.cache_dir, record)
     done = f"uploaded {result.files} files ({result.bytes} bytes)"
