@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -28,8 +29,15 @@ from pathlib import Path
 
 from datamount import __version__
 from datamount.context import Context, resolve, validate
-from datamount.errors import EXIT_FAILURE, EXIT_OK, DataError, DatamountError, StorageError
-from datamount.log import setup_logging, shutdown_logging
+from datamount.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    DataError,
+    DatamountError,
+    OutputError,
+    StorageError,
+)
+from datamount.log import RUNTIME_LOG, setup_logging, shutdown_logging
 from datamount.settings import Settings
 from datamount.spec import load_spec
 from datamount.transfer.progress import Progress, human
@@ -202,8 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _guarded(command: str, settings: Settings, body: Callable[[], int]) -> int:
-    """Run `body`: a DatamountError becomes its message and exit code, anything
-    unexpected one line (traceback in the runtime log)."""
+    """Run `body`: a DatamountError becomes its message and exit code, an OSError
+    of the local disk one line naming the path (exit 3; 4 for `upload` and
+    `unmount`, whose failures are the outputs'), anything unexpected one line
+    (traceback in the runtime log)."""
     try:
         return body()
     except DatamountError as exc:
@@ -215,16 +225,44 @@ def _guarded(command: str, settings: Settings, body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        failure = _disk_failure(command, exc)
+        if failure is None:
+            return _unexpected(command, settings, exc)
+        log.info("%s failed: %s", command, exc, exc_info=True)
+        return _fail(failure)
     except Exception as exc:  # the last line of defence: one line, traceback in the log
-        log.exception("unexpected error in %s", command)
-        print(
-            f"{PROG}: error: unexpected {type(exc).__name__}: {exc} "
-            f"(details in {settings.log_dir})",
-            file=sys.stderr,
-        )
-        return EXIT_FAILURE
+        return _unexpected(command, settings, exc)
     finally:
         shutdown_logging()
+
+
+# A local-disk errno that says what is wrong even without a path: the disk's state.
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def _disk_failure(command: str, exc: OSError) -> DatamountError | None:
+    """The one line of an OSError raised by the local disk: it names a path (or
+    says the disk is full or read-only), so the data could not be prepared
+    (exit 3), or for `upload` / `unmount` the outputs not written (exit 4).
+    None for an OSError that says neither (a bug: reported as unexpected)."""
+    if exc.filename is None and exc.errno not in _DISK_ERRNOS:
+        return None
+    reason = exc.strerror or os.strerror(exc.errno or 0) or type(exc).__name__
+    where = "the local disk" if exc.filename is None else os.fsdecode(exc.filename)
+    if exc.filename2 is not None:
+        where = f"{where} -> {os.fsdecode(exc.filename2)}"
+    message = f"{where}: {reason}"
+    return OutputError(message) if command in ("upload", "unmount") else DataError(message)
+
+
+def _unexpected(command: str, settings: Settings, exc: Exception) -> int:
+    """One line; the traceback goes to the runtime log, named only if it exists."""
+    log.exception("unexpected error in %s", command)
+    runtime = settings.log_dir / RUNTIME_LOG
+    details = f" (details in {settings.log_dir})" if runtime.is_file() else ""
+    print(f"{PROG}: error: unexpected {type(exc).__name__}: {exc}{details}", file=sys.stderr)
+    return EXIT_FAILURE
 
 
 def _run(ctx: Context, args: argparse.Namespace) -> int:
@@ -394,6 +432,9 @@ def _start_logging(settings: Settings, command: str) -> None:
             f"{PROG}: warning: cannot write logs to {settings.log_dir}: {exc.strerror or exc}",
             file=sys.stderr,
         )
+        # Without a log file, logging's last resort would print every warning and
+        # traceback on stderr: the user has the warning, the error gets its one line.
+        logging.getLogger("datamount").addHandler(logging.NullHandler())
         return
     log.info("datamount %s: %s (logs in %s)", __version__, command, files.runtime.parent)
 

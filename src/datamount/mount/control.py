@@ -176,7 +176,10 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 
 def prepare_mountpoint(mountpoint: Path, cache_dir: Path) -> None:
-    """Make `mountpoint` ready to mount on, or raise DataError saying why not."""
+    """Make `mountpoint` ready to mount on, or raise DataError saying why not.
+    The cache folder the daemon records its state in is checked first, so a
+    bad --cache-dir creates nothing."""
+    _make_folder(cache_dir / "mounts", "cache folder")
     if is_stale(mountpoint):
         state = read_state(cache_dir, mountpoint)
         log.warning("%s: stale mount (its daemon is gone); clearing it", mountpoint)
@@ -196,7 +199,7 @@ def prepare_mountpoint(mountpoint: Path, cache_dir: Path) -> None:
             f"run `datamount unmount {mountpoint}` first"
         )
     if not mountpoint.exists():
-        mountpoint.mkdir(parents=True, exist_ok=True)
+        _make_folder(mountpoint, "mount point")
     if not mountpoint.is_dir():
         raise DataError(f"mount point {mountpoint} is not a directory")
     try:
@@ -205,6 +208,16 @@ def prepare_mountpoint(mountpoint: Path, cache_dir: Path) -> None:
         raise DataError(f"mount point {mountpoint}: {exc.strerror or exc}") from None
     if not_empty:
         raise DataError(f"mount point {mountpoint} is not empty")
+
+
+def _make_folder(path: Path, what: str) -> None:
+    """mkdir -p, or DataError naming `what`, the folder and the OS reason."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DataError(f"{what} {path}: a file of that name is in the way") from None
+    except OSError as exc:
+        raise DataError(f"cannot create {what} {path}: {exc.strerror or exc}") from None
 
 
 # -- the parent side of the start-up handshake ------------------------------
@@ -224,7 +237,7 @@ def spawn(
     mount ready on the same channel, and return its pid. Raises the daemon's
     error otherwise. The channel is a socket pair: nothing of the plan (which
     holds credentials) is ever on a command line or in an environment."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    _make_folder(log_file.parent, "log folder")
     ours, theirs = socket.socketpair()
     with ours:
         try:

@@ -74,17 +74,27 @@ def prepare(cache_dir: Path, record: UploadOutput) -> Path:
             f"{folder} already holds an upload output not yet uploaded; "
             f"run `datamount unmount {folder}` first"
         )
+    path = record_file(cache_dir, folder)
+    try:  # the cache folder first: a bad --cache-dir creates nothing
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(
+            f"cannot create cache folder {path.parent}: {exc.strerror or exc}"
+        ) from None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if any(os.scandir(folder)):
             raise DataError(f"{folder} is not empty; an upload output starts from an empty folder")
     except OSError as exc:
-        raise DataError(f"{folder}: {exc.strerror or exc}") from None
-    path = record_file(cache_dir, folder)
-    path.parent.mkdir(parents=True, exist_ok=True)
+        raise DataError(f"cannot create upload folder {folder}: {exc.strerror or exc}") from None
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(asdict(record), indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise DataError(f"cannot write the upload record {path}: {exc.strerror or exc}") from None
     return folder / record.file_name if record.file_name else folder
 
 

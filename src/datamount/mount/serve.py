@@ -154,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the last line of defence: one line, traceback in the log
+        if isinstance(exc, OSError) and exc.filename is not None:  # the local disk (cache)
+            log.info("mount failed", exc_info=True)
+            return _fail(readiness, DataError(f"{exc.filename}: {exc.strerror or exc}"))
         log.exception("unexpected error in the mount daemon")
         return _fail(readiness, DatamountError(
             f"unexpected {type(exc).__name__}: {exc} (details in {settings.log_dir})"))  # fmt: skip

@@ -151,9 +151,15 @@ class Downloader:
         started = time.monotonic()
         manifest = Manifest(dest, source_id, self.options.manifest_dir)
         if not self.options.overwrite:
-            manifest.load()
+            try:
+                manifest.load()
+            except OSError as exc:
+                raise _local_error(
+                    f"cannot read the resume manifest {manifest.path}", exc
+                ) from None
         self._manifest = manifest
-        budget = disk_free(_existing(dest)) - self.options.reserved_free_disk_space
+        free = disk_free(_existing(dest))
+        budget = free - self.options.reserved_free_disk_space
         log.info(
             "download %s -> %s: %d threads, %s ranges, %s free beyond the reserve",
             source_id,
@@ -171,11 +177,12 @@ class Downloader:
                         todo = self._plan_page(page, dest, manifest)
                         need = sum(f.size for f in todo)
                         if need > budget:
-                            raise NotEnoughSpace(self._space_message(dest, need, budget))
+                            raise NotEnoughSpace(self._space_message(dest, need, free))
                         budget -= need
+                        free -= need
                         if todo and not manifest_open:  # the first write into DEST
-                            dest.mkdir(parents=True, exist_ok=True)
-                            manifest.open()
+                            self._ensure_dir(dest)
+                            self._open_manifest(manifest)
                             manifest_open = True
                         for src in todo:
                             if self._cancel.is_set():
@@ -188,12 +195,12 @@ class Downloader:
                 self.progress.listing_done = True
                 self._wait_idle()
             if self._error is None:
-                dest.mkdir(parents=True, exist_ok=True)  # an empty folder is a result too
+                self._ensure_dir(dest)  # an empty folder is a result too
         finally:
             self._cleanup_failed()  # may still record committed files
             manifest.close()
         if self._error is not None:
-            raise self._error
+            raise _as_data_error(self._error, dest)
         return DownloadResult(
             path=dest,
             files=self.progress.files,
@@ -228,12 +235,19 @@ class Downloader:
             todo.append(src)
         return todo
 
-    def _space_message(self, dest: Path, need: int, budget: int) -> str:
+    def _space_message(self, dest: Path, need: int, free: int) -> str:
+        """`free`: what the disk has now, less what earlier pages will still write."""
         reserve = self.options.reserved_free_disk_space
         return (
             f"not enough disk space in {dest}: need {human(need)} plus {human(reserve)} "
-            f"reserved (DATASET_RESERVED_FREE_DISK_SPACE), {human(max(budget, 0) + reserve)} free"
+            f"reserved (DATASET_RESERVED_FREE_DISK_SPACE), {human(max(free, 0))} free"
         )
+
+    def _open_manifest(self, manifest: Manifest) -> None:
+        try:
+            manifest.open()
+        except OSError as exc:
+            raise _local_error(f"cannot write the resume manifest {manifest.path}", exc) from None
 
     # -- scheduling (calling thread) --------------------------------------
 
@@ -271,9 +285,11 @@ class Downloader:
             try:
                 path.mkdir(parents=True, exist_ok=True)
             except (FileExistsError, NotADirectoryError):
-                raise DatamountError(
+                raise DataError(
                     f"cannot create folder {path}: a file of the same name is in the way"
                 ) from None
+            except OSError as exc:
+                raise _local_error(f"cannot create folder {path}", exc) from None
             self._made_dirs.add(path)
 
     def _open_part(self, job: _Job) -> None:
@@ -504,6 +520,20 @@ class Downloader:
             jobs = list(self._jobs)
         for job in jobs:
             self._drop(job)
+
+
+def _local_error(what: str, exc: OSError) -> DataError:
+    return DataError(f"{what}: {exc.strerror or exc}")
+
+
+def _as_data_error(exc: BaseException, dest: Path) -> BaseException:
+    """A local disk's OSError (a write that hit ENOSPC, a rename on a disk
+    remounted read-only) as one line naming the destination (exit 3); the
+    .part files are gone by then. Storage errors and the rest stay as they are."""
+    if not isinstance(exc, OSError) or isinstance(exc, StorageError):
+        return exc
+    name = f" ({os.fsdecode(exc.filename)})" if exc.filename is not None else ""
+    return _local_error(f"download to {dest} failed{name}", exc)
 
 
 def _existing(path: Path) -> Path:
