@@ -11,7 +11,9 @@ Kernel-facing choices (see `run`):
 - attr / entry / negative timeouts equal the attribute cache TTL (none set:
   a year, i.e. never), so the kernel caches no longer than the daemon does;
 - `keep_cache` on an open whose pinned version is the one the previous open
-  saw: warm re-reads come from the page cache without entering Python;
+  saw: warm re-reads come from the page cache without entering Python; an
+  open that pins a version the namespace saw change drops the kernel's
+  attributes of that path first (`fuse_invalidate_path`);
 - reads as large as the kernel allows: libfuse 3 sizes max_pages from
   max_write (1 MiB, FUSE_MAX_MAX_PAGES = 256 pages), so a read request
   carries up to 1 MiB; readahead is what the kernel proposes (it can only be
@@ -137,6 +139,19 @@ class Adapter(mfusepy.Operations):
         mfusepy._libfuse.fuse_exit(ctypes.c_void_p(self._fuse_ptr))
         signal.pthread_kill(loop_thread.ident, WAKE_SIGNAL)
 
+    def _forget_attrs(self, path: str) -> None:
+        """Drop the kernel's attributes (and pages) of `path` before the open
+        that pinned a new version returns: its timeout runs from when it last
+        asked, which may be after the namespace's entry was filled, and a read
+        must not stop at the old size. Safe inside `open`: the opener holds no
+        page of the file. Not in the cache, or no libfuse 3.1: nothing to do."""
+        invalidate = getattr(mfusepy._libfuse, "fuse_invalidate_path", None)
+        if self._fuse_ptr is None or invalidate is None:
+            return
+        result = invalidate(ctypes.c_void_p(self._fuse_ptr), os.fsencode(path))
+        if result not in (0, -errno.ENOENT):
+            log.debug("%s: the kernel kept its attributes (%s)", path, result)
+
     # -- reads -----------------------------------------------------------------
 
     @_funnel
@@ -170,6 +185,8 @@ class Adapter(mfusepy.Operations):
     @_funnel
     def open(self, path: str, fi: Any) -> int:
         opened = self.fs.open(path, fi.flags)
+        if self.fs.kernel_attrs_stale(path):
+            self._forget_attrs(path)
         fi.fh = opened.fh
         fi.keep_cache = 1 if opened.keep_cache else 0
         fi.direct_io = 0

@@ -22,6 +22,11 @@ read-only tree of blobs, with as few storage requests as the answers allow.
 - Results, including missing names, are kept for `ttl` seconds (None: never
   expire, the read-only default of Azure ML).
 - A uri_file mount (`file_key`) shows exactly that one blob at the root.
+- `take_changed(path)` tells whether the version of `path` changed since the
+  namespace last saw it (a refresh after the TTL, or a lookup after a stale
+  read, found another etag): the kernel may still hold the old attributes
+  (its timeout runs from when it asked, which can be after the namespace's
+  entry was filled), so the open that pins the new version has them dropped.
 
 Threads: any number of FUSE threads call in at once; one lock guards the
 caches and no request is made while holding it.
@@ -149,6 +154,8 @@ class Namespace:
         self._listings = _Cache(ttl, MAX_CACHED_LISTING_ENTRIES, clock)
         self._parents_tried = _Cache(ttl, MAX_CACHED_ATTRS, clock)  # folders listed for a lookup
         self._parent_flights: dict[str, threading.Event] = {}
+        self._seen: OrderedDict[str, str] = OrderedDict()  # path -> version last seen
+        self._changed: set[str] = set()  # paths whose version changed since seen
         self.requests = 0  # storage requests made (listing pages + stats), for stats and tests
 
     # -- keys ----------------------------------------------------------------
@@ -204,6 +211,7 @@ class Namespace:
             child = f"{rel}/{name}" if rel else name
             with self._lock:
                 self._attrs.put(child, attrs)
+                self._saw(child, attrs)
             complete[name] = attrs
             yield name, attrs
         # Only a listing that ran to its end answers lookups of missing names.
@@ -269,9 +277,32 @@ class Namespace:
         attrs = self._lookup(rel)
         with self._lock:
             self._attrs.put(rel, attrs)
+            if attrs is not None:
+                self._saw(rel, attrs)
         if attrs is None:
             raise _not_found(path)
         return attrs
+
+    def _saw(self, rel: str, attrs: Attrs) -> None:
+        """Record the version of `rel` just fetched; a different one than last
+        time marks `rel` changed. Lock held."""
+        version = "/" if attrs.is_dir else f"{attrs.etag}:{attrs.size}"
+        before = self._seen.pop(rel, None)
+        if before is not None and before != version:
+            self._changed.add(rel)
+        self._seen[rel] = version  # the newest: dicts keep insertion order
+        if len(self._seen) > MAX_CACHED_ATTRS:
+            self._changed.discard(self._seen.popitem(last=False)[0])
+
+    def take_changed(self, path: str) -> bool:
+        """True (once) when the version of `path` changed since it was last
+        seen before: whoever was told the old attributes should forget them."""
+        rel = path.strip("/")
+        with self._lock:
+            if rel in self._changed:
+                self._changed.discard(rel)
+                return True
+            return False
 
     def _cached(self, rel: str) -> tuple[bool, object]:
         """(hit, attrs or None) from the caches. Lock held."""

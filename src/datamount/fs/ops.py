@@ -10,7 +10,12 @@ Consistency (DESIGN.md §4, "objects are identified by (location, etag)"):
 only. A blob overwritten (or deleted) while a handle is open is never served as
 a mix of old and new bytes: the handle's next read that reaches storage fails
 with ESTALE (the NFS answer to "the file you opened is gone"), and the name's
-cached attributes are dropped so that the next `open` pins the new version.
+cached attributes are dropped so that the next `open` pins the new version
+(an `open` whose cached version is already gone from storage looks the name up
+again once). When an `open` pins a version other than the one the namespace
+saw before, `kernel_attrs_stale` tells the adapter to drop the kernel's
+attributes of that path (size included), which may be older than the
+namespace's.
 Bytes already in the kernel page cache for the pinned version may still be
 served: they are the old version, whole. `open` tells the caller whether the
 kernel may keep its page cache (`keep_cache`): only when the version is the
@@ -248,17 +253,34 @@ class ReadOnlyFS:
         """Open the blob at `path` for reading, pinned to the version it has now."""
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & _WRITE_FLAGS:
             raise read_only(path)
-        attrs = self.namespace.getattr(path)
-        if attrs.is_dir:
-            raise os_error(errno.EISDIR, path)
-        obj = ObjectId(self.store_id, attrs.key, attrs.etag, attrs.size)
-        fh = self.add_file(OpenFile(path, self.reader.open(obj), obj))
+        for last in (False, True):
+            attrs = self.namespace.getattr(path)
+            if attrs.is_dir:
+                raise os_error(errno.EISDIR, path)
+            obj = ObjectId(self.store_id, attrs.key, attrs.etag, attrs.size)
+            try:
+                handle = self.reader.open(obj)  # whole-file mode downloads it here
+                break
+            except (VersionChanged, ObjectNotFound) as exc:
+                # The cached version is gone from storage: look the name up
+                # again once (attributes that never expire would pin it forever).
+                self.namespace.invalidate(path)
+                if last:
+                    raise os_error(errno.ESTALE, path) from exc
+        fh = self.add_file(OpenFile(path, handle, obj))
         with self._lock:
             keep = self._versions.pop(obj.key, None) == obj.etag
             self._versions[obj.key] = obj.etag  # now the newest: dicts keep insertion order
             if len(self._versions) > MAX_VERSIONS:
                 del self._versions[next(iter(self._versions))]
         return Opened(fh, keep)
+
+    def kernel_attrs_stale(self, path: str) -> bool:
+        """True (once) when the kernel may hold older attributes of `path` than
+        the version its last open pinned (the namespace saw the version change):
+        the adapter then drops them before the open returns, so no read is cut
+        at the old size."""
+        return self.namespace.take_changed(path)
 
     def read(self, fh: int, offset: int, size: int) -> bytes:
         return self._read(fh, lambda handle: handle.read(offset, size), len)
