@@ -278,3 +278,10 @@ def test_funnel_names_the_path_and_keeps_bugs_unexpected(
             "datamount: error: unexpected KeyError: 'k'",
         ]
     )
+
+
+def test_upload_of_a_source_that_does_not_exist_is_bad_input(tmp_path: Path, env) -> None:  # noqa: ANN001
+    dest = tmp_path / "dest"
+    out = cli("upload", str(tmp_path / "nothing"), f"{dest}/", cwd=tmp_path, env=env)
+    one_error(out, 2, "nothing: no such file or folder to upload")  # was exit 1
+    assert not dest.exists()

@@ -219,3 +219,13 @@ def test_no_write_side_and_blob_metadata_is_erofs() -> None:
     buf = bytearray(4)
     assert fs.read_into(fh, 0, memoryview(buf)) == 1 and buf[:1] == b"x"
     fs.release(fh)
+
+
+def test_a_name_that_is_not_utf8_is_not_there_without_a_request() -> None:
+    store, fs = make({"ds/a.txt": b"a"})
+    store.requests.clear()
+    bad = os.fsdecode(b"/\xff\xfe.bin")  # FUSE hands paths over with surrogateescape
+    assert errno_of(fs.getattr, bad) == errno.ENOENT  # was EIO: the request could not encode
+    assert errno_of(fs.open, bad, os.O_RDONLY) == errno.ENOENT
+    assert store.total_requests == 0
+    assert fs.getattr("/a.txt")["st_size"] == 1

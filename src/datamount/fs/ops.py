@@ -90,6 +90,12 @@ class Writes(Protocol):
     def finish_writes(self, timeout: float) -> Unsaved: ...
 
 
+def is_utf8(path: str) -> bool:
+    """False for a name no blob can have: FUSE paths come with surrogateescape,
+    so bytes that are not UTF-8 arrive as surrogates."""
+    return path.isascii() or not any("\udc80" <= c <= "\udcff" for c in path)
+
+
 class ReadOnlyFS:
     """The filesystem the FUSE adapter serves. Paths are FUSE paths ('/a/b').
     `fs.writable.WritableFS` extends it for rw_mount (see the hooks)."""
@@ -133,6 +139,8 @@ class ReadOnlyFS:
 
     def lookup(self, path: str) -> Attrs:
         """The attributes of `path` (FileNotFoundError when there is none)."""
+        if not is_utf8(path):
+            raise os_error(errno.ENOENT)  # no blob name holds these bytes
         return self.namespace.getattr(path)
 
     def listing(self, path: str) -> Iterable[tuple[str, Attrs]]:
@@ -253,6 +261,8 @@ class ReadOnlyFS:
         """Open the blob at `path` for reading, pinned to the version it has now."""
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & _WRITE_FLAGS:
             raise read_only(path)
+        if not is_utf8(path):
+            raise os_error(errno.ENOENT)  # no blob name holds these bytes
         for last in (False, True):
             attrs = self.namespace.getattr(path)
             if attrs.is_dir:

@@ -59,7 +59,7 @@ from datamount.errors import ObjectNotFound, os_error
 from datamount.fs.folders import Folders, folders_for
 from datamount.fs.handles import Opened, OpenFile
 from datamount.fs.namespace import Attrs, Namespace, split
-from datamount.fs.ops import NAME_MAX, ReadOnlyFS, Writes
+from datamount.fs.ops import NAME_MAX, ReadOnlyFS, Writes, is_utf8
 from datamount.fs.staged import StagedFiles, StagedView
 from datamount.read.reader import Reader, ReadHandle
 from datamount.write.journal import Leftovers
@@ -71,10 +71,6 @@ RW_FILE_MODE = stat.S_IFREG | 0o755
 RW_DIR_MODE = stat.S_IFDIR | 0o755
 _WRITING = os.O_TRUNC | os.O_APPEND
 NOT_UTF8 = "name is not valid UTF-8, as Azure blob names must be"
-
-
-def _utf8(path: str) -> bool:  # FUSE paths come with surrogateescape: bad bytes are surrogates
-    return path.isascii() or not any("\udc80" <= c <= "\udcff" for c in path)
 
 
 class _OnStaged(OpenFile):
@@ -119,7 +115,7 @@ class WritableFS(ReadOnlyFS):
         """A name this mount may create: not too long, and no backslash (Azure
         reads `\\` as `/`, so `a\\b` would come back as the folder `a`)."""
         name = split(path)[1]
-        if not _utf8(path):
+        if not is_utf8(path):
             # bytes: the funnel's log line shows b'/\xff.bin', not a surrogate
             raise OSError(errno.EILSEQ, NOT_UTF8, os.fsencode(path))
         if len(name.encode()) > NAME_MAX:
@@ -134,7 +130,7 @@ class WritableFS(ReadOnlyFS):
 
     def lookup(self, path: str) -> Attrs:
         """A path being written shows its staged file (size, time)."""
-        if not _utf8(path):
+        if not is_utf8(path):
             raise os_error(errno.ENOENT)  # no blob name holds these bytes
         staged = self.staged.visible(path.strip("/"))
         if staged is not None:

@@ -108,7 +108,7 @@ class Uploader:
         name appended), or every file under folder `src` to prefix `key`."""
         started = time.monotonic()
         if not src.exists():
-            raise DatamountError(f"{src}: no such file or folder to upload")
+            raise InvalidInput(f"{src}: no such file or folder to upload")  # exit 2
         if src.is_file():
             key = key + src.name if key.endswith("/") or key == "" else key
             _check_name(src, key)
