@@ -73,7 +73,7 @@ class MountHandler:
         else:
             recorder = activity("mount", input=plan.label, mountpoint=folder, mode=plan.mode)
         with recorder:  # ends once the mount answers (a foreground mount is served after)
-            control.prepare_mountpoint(folder, settings.cache_dir)
+            control.prepare_mountpoint(folder, settings.cache_dir, settings.log_dir)
             if entry.mode is Mode.EVAL_MOUNT:
                 plan = _evaluated(ctx, plan)
             elif writable:

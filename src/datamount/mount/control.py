@@ -175,11 +175,14 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 # -- before mounting -------------------------------------------------------------
 
 
-def prepare_mountpoint(mountpoint: Path, cache_dir: Path) -> None:
+def prepare_mountpoint(mountpoint: Path, cache_dir: Path, log_dir: Path | None = None) -> None:
     """Make `mountpoint` ready to mount on, or raise DataError saying why not.
-    The cache folder the daemon records its state in is checked first, so a
-    bad --cache-dir creates nothing."""
+    The cache folder the daemon records its state in (and the log folder its
+    stdio goes to) are checked first, so a bad --cache-dir or --log-dir
+    creates nothing."""
     _make_folder(cache_dir / "mounts", "cache folder")
+    if log_dir is not None:
+        _make_folder(log_dir, "log folder")
     if is_stale(mountpoint):
         state = read_state(cache_dir, mountpoint)
         log.warning("%s: stale mount (its daemon is gone); clearing it", mountpoint)
