@@ -5,6 +5,12 @@ own process group so `stop()` can kill node and anything it spawned; an atexit
 hook stops it when pytest is interrupted, and the kernel sends it SIGTERM
 if pytest is killed outright (PR_SET_PDEATHSIG). Imports the Azure SDK only to
 create and seed containers for tests.
+
+`Azurite(workdir, tls=make_certs(folder))` serves HTTPS (Azurite's --cert /
+--key) with a leaf certificate for 127.0.0.1 and localhost signed by a
+throwaway CA the harness makes with `cryptography`; nothing is installed on
+the host: a client trusts it only through SSL_CERT_FILE / REQUESTS_CA_BUNDLE
+naming `certs.ca`.
 """
 
 from __future__ import annotations
@@ -12,14 +18,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import datetime
+import ipaddress
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from azure.storage.blob import BlobServiceClient, ContainerClient
@@ -55,11 +65,94 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Azurite:
-    """A running Azurite blob service. Use `start()` / `stop()` or a `with` block."""
+@dataclass(frozen=True)
+class Certs:
+    ca: Path  # the throwaway CA certificate (PEM): what a client must trust
+    cert: Path  # the leaf for 127.0.0.1 / localhost, signed by the CA
+    key: Path  # the leaf's private key (unencrypted PEM)
 
-    def __init__(self, workdir: Path) -> None:
+
+def make_certs(folder: Path, *, name: str = "datamount test CA") -> Certs:
+    """A throwaway CA and a leaf certificate for 127.0.0.1 and localhost (EC P-256:
+    generated in milliseconds), written under `folder`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = now - datetime.timedelta(days=1), now + datetime.timedelta(days=30)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(leaf_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    certs = Certs(folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    certs.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    certs.cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    certs.key.write_bytes(
+        leaf_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    return certs
+
+
+class Azurite:
+    """A running Azurite blob service. Use `start()` / `stop()` or a `with` block.
+    With `tls`, it serves HTTPS with that certificate."""
+
+    def __init__(self, workdir: Path, *, tls: Certs | None = None) -> None:
         self.workdir = workdir
+        self.tls = tls
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._service: BlobServiceClient | None = None
@@ -74,20 +167,23 @@ class Azurite:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/{ACCOUNT}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/{ACCOUNT}"
 
     @property
     def connection_string(self) -> str:
+        scheme = "https" if self.tls else "http"
         return (
-            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+            f"DefaultEndpointsProtocol={scheme};AccountName={ACCOUNT};AccountKey={KEY};"
             f"BlobEndpoint={self.endpoint};"
         )
 
     @property
     def service(self) -> BlobServiceClient:
         if self._service is None:
+            extra = {"connection_verify": str(self.tls.ca)} if self.tls else {}
             self._service = BlobServiceClient.from_connection_string(
-                self.connection_string, retry_total=2
+                self.connection_string, retry_total=2, **extra
             )
         return self._service
 
@@ -103,9 +199,11 @@ class Azurite:
         for _ in range(1 if port else 3):  # a port taken between free_port() and bind: retry
             self.port = port or free_port()
             log = open(self.workdir / f"azurite-{self.port}.log", "wb")  # noqa: SIM115
+            tls = ["--cert", str(self.tls.cert), "--key", str(self.tls.key)] if self.tls else []
             self._proc = subprocess.Popen(
                 [
                     str(AZURITE_BIN),
+                    *tls,
                     "--blobHost",
                     "127.0.0.1",
                     "--blobPort",
@@ -138,7 +236,11 @@ class Azurite:
             if self._proc.poll() is not None:
                 return False
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as raw:
+                    s = raw
+                    if self.tls:
+                        ctx = ssl.create_default_context(cafile=str(self.tls.ca))
+                        s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
                     # Any HTTP answer means the service is up (400 for this bare request).
                     s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                     if s.recv(16).startswith(b"HTTP/"):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import ssl
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -160,6 +161,26 @@ LogLevel = Annotated[
 BlockSize = Annotated[int, _TO_SIZE, _at_least(4 * KB, "must be at least 4KB")]
 
 
+def _ca_bundle(value: Path | None) -> Path | None:
+    """A PEM file (or a c_rehash'ed folder) of CA certificates, checked now:
+    a bad one is one SettingsError line, not a TLS failure on first request."""
+    if value is None:
+        return None
+    if value.is_dir():
+        return value
+    if not value.is_file():
+        raise _error("no such file (a PEM file of CA certificates)")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_verify_locations(cafile=str(value))
+    except (OSError, ssl.SSLError):
+        raise _error("not a PEM file of CA certificates") from None
+    return value
+
+
+CaBundle = Annotated[Path | None, AfterValidator(_ca_bundle)]
+
+
 def _cores() -> int:
     return os.cpu_count() or 1
 
@@ -219,6 +240,8 @@ class Settings(BaseModel):
     # None: the CLI uses ./configs/workspace.yaml
     workspace: Path | None = Field(None, alias="DATAMOUNT_WORKSPACE")
     log_level: LogLevel = Field("INFO", alias="DATAMOUNT_LOG_LEVEL")
+    # CAs trusted for HTTPS beside the system store (storage.tls), as the Azure SDK reads it.
+    ca_bundle: CaBundle = Field(None, alias="REQUESTS_CA_BUNDLE")
 
     @model_validator(mode="before")
     @classmethod

@@ -7,6 +7,7 @@ imports the Azure SDK and requests; everything above it sees `ObjectStore`,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, ReadableStore, WritableStore
@@ -33,6 +34,7 @@ def open_store(
     pool_size: int = 16,
     retry: RetryPolicy | None = None,
     read_timeout: float = 30.0,
+    ca_bundle: Path | None = None,
 ) -> ObjectStore:
     """The store serving `location`; its keys are `location.key`-style.
 
@@ -41,7 +43,8 @@ def open_store(
     endpoint), sharing one client per (endpoint, container, credential).
     `pool_size` bounds keep-alive connections; size it to the thread counts.
     `read_timeout`: seconds a request may go without receiving a byte before
-    it is abandoned (and retried as a transient error).
+    it is abandoned (and retried as a transient error). HTTPS trusts the
+    system store plus `ca_bundle` (REQUESTS_CA_BUNDLE; see storage.tls).
     """
     retry = retry or RetryPolicy()
     if location.kind is StorageKind.LOCAL:
@@ -52,13 +55,21 @@ def open_store(
         from datamount.storage.http import HttpStore
 
         return HttpStore(
-            location.store_root, pool_size=pool_size, retry=retry, read_timeout=read_timeout
+            location.store_root,
+            pool_size=pool_size,
+            retry=retry,
+            read_timeout=read_timeout,
+            ca_bundle=ca_bundle,
         )
     if location.is_azure:
         from datamount.storage.azure_blob import AzureBlobStore
 
         return AzureBlobStore.from_location(
-            location, pool_size=pool_size, retry=retry, read_timeout=read_timeout
+            location,
+            pool_size=pool_size,
+            retry=retry,
+            read_timeout=read_timeout,
+            ca_bundle=ca_bundle,
         )
     raise ValueError(f"no store for {location.kind}")
 
@@ -66,8 +77,12 @@ def open_store(
 def store_for(settings: Settings, location: StorageLocation, retry: RetryPolicy) -> ObjectStore:
     """`open_store` sized from the settings: one keep-alive connection per
     worker that may hold one at a time, stalled reads abandoned after
-    DATAMOUNT_STALL_TIMEOUT_SECONDS."""
+    DATAMOUNT_STALL_TIMEOUT_SECONDS, HTTPS trusting REQUESTS_CA_BUNDLE too."""
     pool = max(settings.downloader_threads, settings.read_threads)
     return open_store(
-        location, pool_size=pool, retry=retry, read_timeout=settings.stall_timeout_seconds
+        location,
+        pool_size=pool,
+        retry=retry,
+        read_timeout=settings.stall_timeout_seconds,
+        ca_bundle=settings.ca_bundle,
     )

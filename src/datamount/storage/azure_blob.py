@@ -60,6 +60,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from datamount.errors import StorageError
@@ -103,6 +104,7 @@ class AzureBlobStore(ObjectStore):
         pool_size: int = 16,
         retry: RetryPolicy | None = None,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        ca_bundle: Path | None = None,
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.container = container
@@ -110,7 +112,9 @@ class AzureBlobStore(ObjectStore):
         self.root = f"{self.endpoint}/{container}"
         self.retry = retry or RetryPolicy()
         self.read_timeout = read_timeout
-        self._shared = acquire(self.endpoint, container, self.credential, account, pool_size)
+        self._shared = acquire(
+            self.endpoint, container, self.credential, account, pool_size, ca_bundle
+        )
         self.raw = self._shared.raw  # tests add hooks to count its requests
         # Per-call transport option of the SDK path: the same stall timeout.
         self._sdk_kw: dict[str, Any] = {"read_timeout": read_timeout}
@@ -124,6 +128,7 @@ class AzureBlobStore(ObjectStore):
         pool_size: int = 16,
         retry: RetryPolicy | None = None,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        ca_bundle: Path | None = None,
     ) -> AzureBlobStore:
         return cls(
             location.endpoint,
@@ -133,6 +138,7 @@ class AzureBlobStore(ObjectStore):
             pool_size=pool_size,
             retry=retry,
             read_timeout=read_timeout,
+            ca_bundle=ca_bundle,
         )
 
     def __repr__(self) -> str:

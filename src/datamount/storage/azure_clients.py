@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -112,6 +113,7 @@ class Shared:
     token_credential: Any  # the azure-identity object of identity credentials, else None
     raw: RawClient
     pool_size: int
+    ca_bundle: Path | None = None  # REQUESTS_CA_BUNDLE, trusted beside the system store
     users: int = 0
     sdk_clients: SdkClients | None = None
 
@@ -131,7 +133,12 @@ _CLIENTS_LOCK = threading.Lock()
 
 
 def _create(
-    endpoint: str, container: str, credential: Credential, account: str, pool_size: int
+    endpoint: str,
+    container: str,
+    credential: Credential,
+    account: str,
+    pool_size: int,
+    ca_bundle: Path | None,
 ) -> Shared:
     account = account or account_of(endpoint)
     https = endpoint.startswith("https:")
@@ -142,18 +149,31 @@ def _create(
         sdk_credential(credential, account) if credential.kind in TOKEN_KINDS else None
     )
     auth = raw_auth(credential, account, token_credential, https=https)
-    raw = RawClient(endpoint, container, auth, api_version=API_VERSION, pool_size=pool_size)
-    return Shared(endpoint, container, account, credential, token_credential, raw, pool_size)
+    raw = RawClient(
+        endpoint,
+        container,
+        auth,
+        api_version=API_VERSION,
+        pool_size=pool_size,
+        ca_bundle=ca_bundle,
+    )
+    return Shared(
+        endpoint, container, account, credential, token_credential, raw, pool_size, ca_bundle
+    )
 
 
 def _create_sdk(shared: Shared) -> SdkClients:
     import requests
     from azure.core.pipeline.transport import RequestsTransport
     from azure.storage.blob import ContainerClient
-    from requests.adapters import HTTPAdapter
+
+    from datamount.storage import tls
 
     session = requests.Session()
-    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=shared.pool_size, max_retries=0)
+    # The raw path's TLS context: both paths trust the same CAs.
+    adapter = tls.adapter(
+        shared.ca_bundle, pool_connections=4, pool_maxsize=shared.pool_size, max_retries=0
+    )
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     transport = RequestsTransport(
@@ -181,13 +201,21 @@ def _create_sdk(shared: Shared) -> SdkClients:
 
 
 def acquire(
-    endpoint: str, container: str, credential: Credential, account: str, pool_size: int
+    endpoint: str,
+    container: str,
+    credential: Credential,
+    account: str,
+    pool_size: int,
+    ca_bundle: Path | None = None,
 ) -> Shared:
+    """The shared clients (one process has one `ca_bundle`: the first user's holds)."""
     key = (f"{endpoint}/{container}", credential)
     with _CLIENTS_LOCK:
         shared = _CLIENTS.get(key)
         if shared is None:
-            shared = _CLIENTS[key] = _create(endpoint, container, credential, account, pool_size)
+            shared = _CLIENTS[key] = _create(
+                endpoint, container, credential, account, pool_size, ca_bundle
+            )
         elif pool_size > shared.pool_size:
             # A larger pool for the new user. Swapping the adapter's pool
             # manager is one attribute store (re-mounting would mutate the

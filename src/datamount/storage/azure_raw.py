@@ -23,8 +23,9 @@ SDK's x-ms-version and are authorized by `storage.azure_auth`.
 
 Threads: one RawClient is shared by all threads; the pool lends each request
 its own connection (LIFO under a lock) and takes it back only when the
-response was read to its end. Not done: HTTP(S)_PROXY settings (requests
-honours them, this path does not).
+response was read to its end. HTTPS trusts what storage.tls trusts (the
+system store, REQUESTS_CA_BUNDLE). Not done: HTTP(S)_PROXY settings
+(requests honours them, this path does not).
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-import certifi
-
 from datamount.errors import StorageError
+from datamount.storage import tls
 from datamount.storage.azure_auth import Auth, http_date
 from datamount.storage.errors import error_for_status
 
@@ -68,13 +69,15 @@ def _dropped(sock: socket.socket) -> bool:
 class ConnectionPool:
     """Idle keep-alive connections to one host, most recently used first."""
 
-    def __init__(self, endpoint: str, maxsize: int) -> None:
+    def __init__(self, endpoint: str, maxsize: int, *, ca_bundle: Path | None = None) -> None:
         parts = urlsplit(endpoint)
         self.https = parts.scheme == "https"
         self.host = parts.hostname or ""
         self.port = parts.port or (443 if self.https else 80)
         self.maxsize = maxsize
-        self._context = ssl.create_default_context(cafile=certifi.where()) if self.https else None
+        # The process's one context (storage.tls): the system store, plus
+        # REQUESTS_CA_BUNDLE (`ca_bundle`), plus certifi only without a system store.
+        self._context: ssl.SSLContext | None = tls.context(ca_bundle) if self.https else None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -161,11 +164,18 @@ class RawClient:
     """
 
     def __init__(
-        self, endpoint: str, container: str, auth: Auth, *, api_version: str, pool_size: int
+        self,
+        endpoint: str,
+        container: str,
+        auth: Auth,
+        *,
+        api_version: str,
+        pool_size: int,
+        ca_bundle: Path | None = None,
     ) -> None:
         endpoint = endpoint.rstrip("/")
         self.root = f"{endpoint}/{container}"
-        self.pool = ConnectionPool(endpoint, pool_size)
+        self.pool = ConnectionPool(endpoint, pool_size, ca_bundle=ca_bundle)
         self.auth = auth
         self.api_version = api_version
         self.container_path = f"{urlsplit(endpoint).path}/{quote(container)}"

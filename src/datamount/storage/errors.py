@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from datamount.errors import (
     AccessDenied,
@@ -130,18 +131,39 @@ def _headers(exc: Any) -> Mapping[str, str] | None:
     return headers if isinstance(headers, Mapping) else None
 
 
-def _cert_failure(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    for _ in range(10):  # walk __cause__/__context__ a few links deep
-        if seen is None:
-            return False
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return True
-        args = getattr(seen, "args", ())
-        if any(isinstance(a, ssl.SSLCertVerificationError) for a in args):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+def _cert_failure(exc: BaseException, depth: int = 0) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error behind `exc`, if that is what it is:
+    searched through __cause__/__context__, args and urllib3's `reason`
+    (MaxRetryError(reason=SSLError(SSLCertVerificationError)))."""
+    if depth > 6:
+        return None
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return exc
+    linked = [*getattr(exc, "args", ()), getattr(exc, "reason", None)]
+    linked.append(getattr(exc, "inner_exception", None))  # azure-core's wrapped error
+    linked += [exc.__cause__, exc.__context__]
+    for inner in linked:
+        if isinstance(inner, BaseException) and inner is not exc:
+            found = _cert_failure(inner, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _cert_error(exc: BaseException, op: str, target: str) -> StorageError:
+    """'… failed: TLS certificate verification failed for HOST (why; trusted: …)'.
+    Not transient: repeating the handshake meets the same certificate."""
+    from datamount.storage import tls
+
+    cert = _cert_failure(exc)
+    why = (getattr(cert, "verify_message", "") or "") if cert is not None else ""
+    host = urlsplit(target).hostname if "://" in target else None
+    where = f" for {host}" if host else ""
+    detail = f"{why}; " if why else ""
+    return StorageError(
+        f"{op} {target!r} failed: TLS certificate verification failed{where} "
+        f"({detail}trusted: {tls.sources()})"
+    )
 
 
 def map_error(
@@ -156,7 +178,7 @@ def map_error(
     if isinstance(exc, _types("requests", "RequestException")):
         return _from_requests(exc, op=op, key=key, store=store)
     if _cert_failure(exc):
-        return StorageError(f"{op} {target!r} failed: TLS certificate verification failed")
+        return _cert_error(exc, op, target)
     if isinstance(
         exc,
         (
@@ -193,7 +215,7 @@ def _from_azure(exc: Any, *, op: str, key: str, store: str) -> StorageError:
             status, op=op, key=key, store=store, code=_azure_code(exc), headers=_headers(exc)
         )
     if _cert_failure(exc):
-        return StorageError(f"{op} {target!r} failed: TLS certificate verification failed")
+        return _cert_error(exc, op, target)
     # HttpResponseError below 300: a body cut short (IncompleteReadError, DecodeError).
     if isinstance(
         exc, _types(AZURE, "ServiceRequestError", "ServiceResponseError", "HttpResponseError")
@@ -208,7 +230,7 @@ def _from_requests(exc: Any, *, op: str, key: str, store: str) -> StorageError:
     if isinstance(exc, _types("requests", "HTTPError")) and r is not None:
         return error_for_status(r.status_code, op=op, key=key, store=store, headers=r.headers)
     if _cert_failure(exc):
-        return StorageError(f"{op} {target!r} failed: TLS certificate verification failed")
+        return _cert_error(exc, op, target)
     if isinstance(
         exc,
         _types(

@@ -12,6 +12,8 @@ up to the end of the range and the connection dropped, and the declared
 a downloader then asks for `stream_into`, one GET of the whole file. Listing
 yields the one file. Writes raise EROFS (storage.base.ReadOnlyStore).
 
+HTTPS trusts the system store plus REQUESTS_CA_BUNDLE (storage.tls).
+
 Threads: one pooled requests.Session shared by all threads (urllib3 pools are
 thread-safe); every request goes through the RetryPolicy. A request that
 receives no byte for `read_timeout` seconds fails as a transient error.
@@ -24,12 +26,13 @@ import errno
 import os
 import re
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import NoReturn
 
 import requests
-from requests.adapters import HTTPAdapter
 
 from datamount.errors import ObjectNotFound, ReadOnlyError, StorageError, VersionChanged
+from datamount.storage import tls
 from datamount.storage.base import ListPage, ObjectInfo, ReadOnlyStore, check_range
 from datamount.storage.errors import error_for_status, translate
 from datamount.storage.retry import RetryPolicy
@@ -72,6 +75,7 @@ class HttpStore(ReadOnlyStore):
         retry: RetryPolicy | None = None,
         session: requests.Session | None = None,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
+        ca_bundle: Path | None = None,
     ) -> None:
         self.root = root.rstrip("/")
         self.timeout = (CONNECT_TIMEOUT, read_timeout)  # requests: (connect, between bytes)
@@ -81,7 +85,10 @@ class HttpStore(ReadOnlyStore):
         self.session = session or requests.Session()
         if self._own_session:
             # Our RetryPolicy is the only retry layer: urllib3 retries nothing.
-            adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
+            # https trusts what the raw path trusts (storage.tls).
+            adapter = tls.adapter(
+                ca_bundle, pool_connections=4, pool_maxsize=pool_size, max_retries=0
+            )
             self.session.mount("http://", adapter)
             self.session.mount("https://", adapter)
 
