@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from azure.storage.blob import ContainerClient
 
-from azurite import KEY, SECOND, SECOND_KEY, Azurite, AzuriteMissing
+from azurite import KEY, SECOND, SECOND_KEY, Azurite, AzuriteMissing, make_certs
 from datamount.storage import ObjectStore, open_store
 from datamount.storage.credentials import Credential
 from datamount.storage.location import StorageKind, StorageLocation
@@ -51,6 +51,22 @@ def two_accounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
             del os.environ["AZURITE_ACCOUNTS"]
         else:
             os.environ["AZURITE_ACCOUNTS"] = saved
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite_https(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """An Azurite of its own serving HTTPS with a leaf certificate for
+    127.0.0.1 signed by a throwaway CA (`.tls.ca`, trusted by nothing on the host)."""
+    certs = make_certs(tmp_path_factory.mktemp("tls"))
+    service = Azurite(tmp_path_factory.mktemp("azurite-https"), tls=certs)
+    try:
+        service.start()
+    except AzuriteMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
     try:
         yield service
     finally:
@@ -97,5 +113,5 @@ def azure_store(azurite: Azurite, container: ContainerClient) -> Iterator[Object
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "azurite" in getattr(item, "fixturenames", ()):
+        if {"azurite", "azurite_https"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.azurite)
