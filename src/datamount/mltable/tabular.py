@@ -11,6 +11,7 @@ draw of numpy's default_rng(seed) is below the probability.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -41,8 +42,10 @@ from datamount.storage import open_store
 from datamount.storage.location import StorageLocation
 
 
-def default_store_factory(location: StorageLocation) -> Any:
-    return open_store(location)
+def default_store_factory(location: StorageLocation, ca_bundle: Path | None = None) -> Any:
+    """A store for `location`, trusting `ca_bundle` (REQUESTS_CA_BUNDLE) beside
+    the system store, as the CLI's stores do."""
+    return open_store(location, ca_bundle=ca_bundle)
 
 
 def load(
@@ -63,11 +66,15 @@ def load(
     of local files never reads it). Any other type is a TypeError.
 
     This is a library entry point that training code calls inside a job, i.e.
-    its own composition root: it reads `os.environ` (the variable, and the
-    `${VAR}`s of the workspace file) and the working directory here, once.
+    its own composition root: it reads `os.environ` (the variable, the
+    `${VAR}`s of the workspace file, and REQUESTS_CA_BUNDLE for https
+    entries) and the working directory here, once.
     """
     ws = workspace_source(workspace, os.environ, Path.cwd())
-    factory = store_factory or default_store_factory
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE")
+    factory = store_factory or functools.partial(
+        default_store_factory, ca_bundle=Path(bundle) if bundle else None
+    )
     location = locate(path_or_uri, ws, base_dir)
     with Stores(factory) as stores:
         table, folder = read_mltable(location, stores)
