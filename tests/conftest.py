@@ -1,5 +1,6 @@
 """Shared fixtures: a real Azurite blob service for the session, a fresh
-container per test. Tests that use them are marked `azurite` automatically
+container per test, the mount points of a test (detached at its end) and a
+FaultProxy in front of the session's Azurite. Tests that use them are marked `azurite` automatically
 (select or skip them with `-m azurite` / `-m "not azurite"`)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from azure.storage.blob import ContainerClient
@@ -17,14 +19,16 @@ from datamount.storage import ObjectStore, open_store
 from datamount.storage.credentials import Credential
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
+from faultproxy import FaultProxy
+from fuse_helpers import Mounts, tracked_mounts
 
 # Seeding 5,003 blobs costs Azurite ~10 s (≈2 ms per request): do it once.
 MANY = {f"many/{i // 100:03d}/{i:05d}.txt": str(i).encode() for i in range(5_003)}
 
 
-@pytest.fixture(scope="session")
-def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
-    service = Azurite(tmp_path_factory.mktemp("azurite"))
+def _serving(service: Azurite) -> Iterator[Azurite]:
+    """Start `service` (a missing Azurite fails the test, not errors it), yield
+    it, stop it."""
     try:
         service.start()
     except AzuriteMissing as exc:
@@ -33,6 +37,11 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
         yield service
     finally:
         service.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    yield from _serving(Azurite(tmp_path_factory.mktemp("azurite")))
 
 
 @pytest.fixture(scope="session")
@@ -62,15 +71,20 @@ def azurite_https(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]
     """An Azurite of its own serving HTTPS with a leaf certificate for
     127.0.0.1 signed by a throwaway CA (`.tls.ca`, trusted by nothing on the host)."""
     certs = make_certs(tmp_path_factory.mktemp("tls"))
-    service = Azurite(tmp_path_factory.mktemp("azurite-https"), tls=certs)
-    try:
-        service.start()
-    except AzuriteMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield service
-    finally:
-        service.stop()
+    yield from _serving(Azurite(tmp_path_factory.mktemp("azurite-https"), tls=certs))
+
+
+@pytest.fixture
+def mounts(tmp_path: Path) -> Iterator[Mounts]:
+    """Every mount point of a test, detached and its daemon killed at the end."""
+    yield from tracked_mounts(tmp_path)
+
+
+@pytest.fixture
+def proxy(azurite: Azurite) -> Iterator[FaultProxy]:
+    """A FaultProxy in front of the session's Azurite, closed at the end."""
+    with FaultProxy(azurite.port) as p:
+        yield p
 
 
 @pytest.fixture

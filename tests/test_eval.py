@@ -14,7 +14,7 @@ from azure.storage.blob import BlobServiceClient
 
 from azurite import KEY, SECOND, SECOND_KEY, Azurite
 from datamount.mltable import load
-from fuse_helpers import Mounts, datamount, mounted, tracked_mounts
+from fuse_helpers import Mounts, datamount, mounted
 
 FIRST_BLOBS = {
     "t/MLTable": (
@@ -31,11 +31,6 @@ FIRST_BLOBS = {
     "t/data/readme.txt": b"not matched\n",
 }
 SECOND_BLOBS = {"far/away.csv": b"x,y\n4,d\n", "far/unused.csv": b"x,y\n5,e\n"}
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[Mounts]:
-    yield from tracked_mounts(tmp_path)
 
 
 @pytest.fixture

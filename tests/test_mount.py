@@ -13,7 +13,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,6 @@ from fuse_helpers import (
     mount_env,
     mounted,
     spec_file,
-    tracked_mounts,
     wait_for,
 )
 
@@ -47,12 +45,6 @@ TREE = {
 }
 ROOT = ["a.txt", "big.bin", "dir with space", "empty.bin", "marked", "marker", "sub"]
 FILES = {k[3:]: v for k, v in TREE.items() if not k.endswith("/")}
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[Mounts]:
-    """Every mount point of a test, detached and its daemon killed at the end."""
-    yield from tracked_mounts(tmp_path)
 
 
 def folder_spec(tmp_path: Path, path: str = "ds/") -> Path:

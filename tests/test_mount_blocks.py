@@ -19,7 +19,6 @@ import os
 import random
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +29,7 @@ from hypothesis import strategies as st
 
 from datamount.mount.control import alive, is_stale, state_file
 from faultproxy import FaultProxy
-from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, tracked_mounts, wait_for
+from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, wait_for
 
 BS = 64 * 1024
 MIB = 1024 * 1024
@@ -50,17 +49,6 @@ SIZES = {
     "big.bin": 2 * MIB + 12_345,
 }
 FILES = {name: rng.randbytes(size) for name, size in SIZES.items()}
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[Mounts]:
-    yield from tracked_mounts(tmp_path)
-
-
-@pytest.fixture
-def proxy(azurite) -> Iterator[FaultProxy]:  # noqa: ANN001
-    with FaultProxy(azurite.port) as p:
-        yield p
 
 
 # -- helpers -----------------------------------------------------------------

@@ -20,23 +20,17 @@ import errno
 import os
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, tracked_mounts
+from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file
 
 BS = 64 * 1024
 rng = random.Random(20240917)
 OLD = rng.randbytes(3 * BS + 17)
 LENGTHS = {"longer": 5 * BS + 3, "shorter": 5000}
 MODES = {"blocks": {}, "whole-file": {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "false"}}
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[Mounts]:
-    yield from tracked_mounts(tmp_path)
 
 
 def mount(azurite, container, tmp_path: Path, mounts: Mounts, **extra: str):  # noqa: ANN001, ANN201

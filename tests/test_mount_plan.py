@@ -7,31 +7,17 @@ round trip without either.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-
-import pytest
 
 from datamount.mount.plan import EvalFile, MountPlan
 from datamount.settings import Settings
 from datamount.storage.credentials import Credential
 from datamount.storage.location import StorageKind, StorageLocation
 from faultproxy import FaultProxy
-from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, tracked_mounts
+from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file
 
 DATA = bytes(range(256)) * 1000
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[Mounts]:
-    yield from tracked_mounts(tmp_path)
-
-
-@pytest.fixture
-def proxy(azurite) -> Iterator[FaultProxy]:  # noqa: ANN001
-    with FaultProxy(azurite.port) as p:
-        yield p
 
 
 def proxied_env(azurite, proxy: FaultProxy, tmp_path: Path, container) -> dict[str, str]:  # noqa: ANN001

@@ -12,7 +12,6 @@ import random
 import re
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +19,7 @@ import pytest
 import yaml
 
 from faultproxy import FaultProxy
-from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, tracked_mounts, wait_for
+from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, wait_for
 
 rng = random.Random(11)
 SOURCE = {
@@ -45,11 +44,6 @@ if [ -n "$ckpt" ]; then
 fi
 echo "trained for $epochs epochs"
 """
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[Mounts]:
-    yield from tracked_mounts(tmp_path)
 
 
 @pytest.fixture
@@ -314,12 +308,6 @@ def test_direct_mode_mount_prints_the_uri(azurite, container, tmp_path: Path) ->
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"{azurite.endpoint}/{container.container_name}/p/"
     assert not os.path.exists(tmp_path / "unused")
-
-
-@pytest.fixture
-def proxy(azurite) -> Iterator[FaultProxy]:  # noqa: ANN001
-    with FaultProxy(azurite.port) as p:
-        yield p
 
 
 def cfg_only_job(tmp_path: Path) -> Path:

@@ -29,21 +29,10 @@ from datamount.mount.control import alive, state_file
 from datamount.storage import ObjectStore
 from datamount.transfer.upload import BLOCK_SIZE
 from faultproxy import FaultProxy
-from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, tracked_mounts, wait_for
+from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, wait_for
 
 rng = random.Random(23)
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[Mounts]:
-    yield from tracked_mounts(tmp_path)
-
-
-@pytest.fixture
-def proxy(azurite) -> Iterator[FaultProxy]:  # noqa: ANN001
-    with FaultProxy(azurite.port) as p:
-        yield p
 
 
 def output_spec(tmp_path: Path, path: str = "out/") -> Path:

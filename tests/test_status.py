@@ -6,18 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from datamount.mount.control import alive, read_state
-from fuse_helpers import Mounts, datamount, mount_env, spec_file, tracked_mounts, wait_for
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[Mounts]:
-    yield from tracked_mounts(tmp_path)
+from fuse_helpers import Mounts, datamount, mount_env, spec_file, wait_for
 
 
 def status(env: dict[str, str]) -> list[dict]:

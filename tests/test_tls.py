@@ -29,7 +29,7 @@ from datamount.storage.credentials import Credential
 from datamount.storage.http import HttpStore
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
-from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, tracked_mounts
+from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file
 
 TREE = {
     "ds/a.txt": b"alpha\n",
@@ -48,11 +48,6 @@ def https_container(azurite_https: Azurite) -> Iterator[ContainerClient]:
     finally:
         with contextlib.suppress(Exception):
             client.delete_container()
-
-
-@pytest.fixture
-def mounts(tmp_path: Path) -> Iterator[Mounts]:
-    yield from tracked_mounts(tmp_path)
 
 
 def location(azurite: Azurite, container: str) -> StorageLocation:
