@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import http.client
 import json
 import os
 import random
@@ -33,7 +32,8 @@ from azure.storage.blob import ContainerClient
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the test harness's Azurite launcher
 
-from azurite import Azurite  # noqa: E402
+from _http import connection  # noqa: E402, I001
+from azurite import Azurite, Certs, make_certs  # noqa: E402
 
 MiB = 1 << 20
 MB = 1_000_000  # throughput is reported in decimal MB/s, as DESIGN.md §7 does
@@ -43,7 +43,17 @@ RUSAGE = Path(__file__).with_name("_rusage.py")
 
 
 class BenchAzurite(Azurite):
-    """The test harness's in-memory Azurite, plus its memory use (it holds every blob in RAM)."""
+    """The test harness's in-memory Azurite, plus its memory use (it holds every blob in
+    RAM). Over HTTPS (the default of both benchmarks; `--http` for plain HTTP) it serves a
+    leaf certificate of a throwaway CA made under `workdir`, which the contenders trust
+    through `trust_env()` only: nothing is installed on the host (see `certs_for`)."""
+
+    def trust_env(self) -> dict[str, str]:
+        """The variables that make every contender trust this Azurite's CA (Python's
+        ssl and OpenSSL: SSL_CERT_FILE; requests and the Azure SDK: REQUESTS_CA_BUNDLE)."""
+        if self.tls is None:
+            return {}
+        return {"SSL_CERT_FILE": str(self.tls.ca), "REQUESTS_CA_BUNDLE": str(self.tls.ca)}
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the Azurite node process so far (0 if not running)."""
@@ -62,6 +72,11 @@ class BenchAzurite(Azurite):
                 if key in ("VmRSS", "VmHWM"):
                     fields[key] = int(value.split()[0]) / 1024  # kB
         return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
+
+
+def certs_for(workdir: Path, http: bool) -> Certs | None:
+    """The benchmark's throwaway CA and Azurite's leaf under `workdir`; None with --http."""
+    return None if http else make_certs(workdir / "certs")
 
 
 # -- datasets -----------------------------------------------------------------
@@ -295,28 +310,30 @@ def best_of(runs: list[Run]) -> Run | None:
 
 
 def print_table(title: str, total: int, rows: Sequence[tuple[str, Run | None, str]]) -> None:
-    """One table: contender, seconds, MB/s, CPU s, peak RSS MiB, Azurite's CPU s
+    """One table: contender, seconds, MB/s, CPU s, CPU s per GiB moved (TLS's cost shows
+    there, HTTPS against --http), peak RSS MiB, Azurite's CPU s
     during the run (when measured: whether the server was the bottleneck), and a
     note (rows whose run is None failed; the note says why)."""
     server = any(run is not None and run.server_cpu is not None for _, run, _ in rows)
     srv_head = f" {'Azurite CPU s':>13}" if server else ""
     print(f"  {title}")
     print(
-        f"  {'contender':<10} {'seconds':>8} {'MB/s':>8} {'CPU s':>7} {'RSS MiB':>8}"
+        f"  {'contender':<10} {'seconds':>8} {'MB/s':>8} {'CPU s':>7} {'s/GiB':>6} {'RSS MiB':>8}"
         f"{srv_head}  check"
     )
     for name, run, note in rows:
         note = note if len(note) <= 100 else note[:97] + "..."
         if run is None:
             srv = f" {'-':>13}" if server else ""
-            print(f"  {name:<10} {'-':>8} {'-':>8} {'-':>7} {'-':>8}{srv}  {note}")
+            print(f"  {name:<10} {'-':>8} {'-':>8} {'-':>7} {'-':>6} {'-':>8}{srv}  {note}")
             continue
-        rate = total / run.seconds / MB
+        rate, per_gib = total / run.seconds / MB, run.cpu / (total / (1 << 30))
         srv = ""
         if server:
             srv = f" {'-':>13}" if run.server_cpu is None else f" {run.server_cpu:13.2f}"
         print(
-            f"  {name:<10} {run.seconds:8.2f} {rate:8.1f} {run.cpu:7.2f} {run.rss_mib:8.1f}"
+            f"  {name:<10} {run.seconds:8.2f} {rate:8.1f} {run.cpu:7.2f} {per_gib:6.2f}"
+            f" {run.rss_mib:8.1f}"
             f"{srv}  {note}"
         )
 
@@ -335,19 +352,22 @@ def _tiny(index: int) -> bytes:
     return f"tiny file {index:05d}\n".encode()
 
 
-def seed_tiny(endpoint: str, container: str, sas: str, ds: Dataset, threads: int = 32) -> None:
+def seed_tiny(
+    azurite: BenchAzurite, container: str, sas: str, ds: Dataset, threads: int = 32
+) -> None:
     """Put every file of a listing dataset: bare SAS-signed PUTs on keep-alive
     connections, `threads` at a time (the SDK's per-call CPU would make 20,000 tiny
     uploads take minutes on two cores). `sas` needs create and write permission."""
     from urllib.parse import quote, urlsplit
 
-    url = urlsplit(endpoint)
+    url = urlsplit(azurite.endpoint)
     base = f"{url.path.rstrip('/')}/{container}/"
     work = [(i, ds.blob_name(f.rel)) for i, f in enumerate(ds.files)]  # in index order
     shards = [work[i::threads] for i in range(threads)]
 
     def put(shard: list[tuple[int, str]]) -> None:
-        conn = http.client.HTTPConnection(url.netloc, timeout=60)
+        cafile = str(azurite.tls.ca) if azurite.tls else None
+        conn = connection(url, timeout=60, cafile=cafile)
         headers = {"x-ms-blob-type": "BlockBlob", "Content-Type": "text/plain"}
         try:
             for index, name in shard:

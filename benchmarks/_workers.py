@@ -7,7 +7,8 @@ CPU and peak RSS alone. Run by benchmarks/transfer.py, never imported by it:
     python benchmarks/_workers.py sdk-upload     SRC CONTAINER PREFIX
 
 Secrets come from the environment, never argv: BENCH_CONNECTION_STRING (SDK, adlfs)
-and BENCH_SAS (the limit reader). PREFIX is the blob name with --file (written to
+and BENCH_SAS (the limit reader). Over HTTPS every contender trusts the benchmark's
+CA through SSL_CERT_FILE / REQUESTS_CA_BUNDLE. PREFIX is the blob name with --file (written to
 DEST/<basename>), else a folder prefix ending in "/" (the tree lands under DEST).
 Threads: 16 workers in every contender, as the brief of each baseline says.
 Imports the Azure SDK and adlfs; nothing from datamount.
@@ -25,6 +26,8 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from _http import connection
 
 THREADS = 16
 RANGE = 8 * 1024 * 1024  # the limit reader's range size for big blobs (DESIGN.md §7)
@@ -96,7 +99,7 @@ def limit_read(endpoint: str, container: str, prefix: str, is_file: bool) -> Non
     url = urllib.parse.urlsplit(endpoint)
     base = f"{url.path.rstrip('/')}/{container}"
     sas = os.environ["BENCH_SAS"]
-    lister = http.client.HTTPConnection(url.netloc)
+    lister = connection(url)
     blobs = [b for b in _list(lister, base, prefix, sas) if not is_file or b[0] == prefix]
     lister.close()
     tasks: queue.SimpleQueue[tuple[str, int, int] | None] = queue.SimpleQueue()
@@ -112,7 +115,7 @@ def limit_read(endpoint: str, container: str, prefix: str, is_file: bool) -> Non
     errors: list[str] = []
 
     def work(index: int) -> None:
-        conn = http.client.HTTPConnection(url.netloc)
+        conn = connection(url)
         view = memoryview(bytearray(RANGE))
         while (task := tasks.get()) is not None:
             name, offset, length = task

@@ -14,8 +14,12 @@ A and B, the downloaded A from local disk (evicted with posix_fadvise) and page 
 and fsspec's FUSE over adlfs (fusepy, libfuse2) for 1, 3 (60 s budget) and 4. Every mount
 is taken down in a finally, Ctrl-C and SIGTERM included (fusermount3 -uz, SIGKILL last).
 
+Over HTTPS by default (Azurite with a throwaway CA's leaf certificate, trusted by every
+contender through SSL_CERT_FILE / REQUESTS_CA_BUNDLE), `--http` for plain HTTP; the
+s/GiB column is the CPU seconds (reader + daemon) per GiB read.
+
 Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,6] [--repeat N]
-                           [--scale 0.1] [--keep] [--no-fsspec]
+                           [--scale 0.1] [--keep] [--no-fsspec] [--http]
 Exit 0 when all ran and checked out (targets are reported, not enforced), 1 otherwise,
 130 when interrupted. DATASET_*, RSLEX_*, DATAMOUNT_* variables are cleared for the
 contenders: the targets assume default settings. Never imports datamount.
@@ -195,7 +199,7 @@ class Bench:
 
     def __init__(self, opts: argparse.Namespace, workdir: Path) -> None:
         self.opts, self.workdir, self.workloads = opts, workdir, opts.workloads
-        self.azurite = bc.BenchAzurite(workdir / "azurite")
+        self.azurite = bc.BenchAzurite(workdir / "azurite", tls=bc.certs_for(workdir, opts.http))
         self.sets: dict[str, Dataset] = {}
         self.ws = workdir / "workspace.yaml"
         self.rows: dict[tuple[int, str], list[Row]] = {}
@@ -213,7 +217,7 @@ class Bench:
         keep = {k: v for k, v in os.environ.items() if not k.startswith(KNOBS)}
         keep.update(AZURITE_ACCOUNT_KEY=self.azurite.key)  # secrets by variable, never argv
         keep.update(BENCH_CONNECTION_STRING=self.azurite.connection_string)
-        keep.update(DATAMOUNT_CACHE_DIR=str(scratch / "cache"))
+        keep.update(DATAMOUNT_CACHE_DIR=str(scratch / "cache"), **self.azurite.trust_env())
         return {**keep, "DATAMOUNT_LOG_DIR": str(scratch / "logs")}
 
     def add(self, row: Row) -> None:
@@ -458,7 +462,8 @@ def report(bench: Bench) -> dict[tuple[int, str], Row]:
     print(f"\nbest of {bench.opts.repeat}; rd = the reader, dm = the daemon (for download rows "
           "the downloader), fetched = its bytes_fetched counter, sent = by Azurite:")  # fmt: skip
     print(f"  {'workload':<18} {'contender':<12} {'seconds':>7} {'rate':>14} {'rd CPU':>6} "
-          f"{'dm CPU':>6} {'dm MiB':>6} {'fetched':>10} {'sent':>10}  check")  # fmt: skip
+          f"{'dm CPU':>6} {'s/GiB':>6} {'dm MiB':>6} {'fetched':>10} {'sent':>10}"
+          "  check")  # fmt: skip
 
     def num(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
@@ -476,8 +481,12 @@ def report(bench: Bench) -> dict[tuple[int, str], Row]:
             per_s = (r.bytes / MB if by_bytes else r.ops) / r.seconds
             rate = f"{per_s:9.1f} MB/s" if by_bytes else f"{per_s:8,.0f} ops/s"
         fetched = "n/a" if r.fetched is None else f"{r.fetched / MiB:.1f} MiB"
+        # CPU per GiB read, reader and daemon together (TLS's cost: HTTPS against --http)
+        cpu = (r.cpu or 0.0) + (r.server_cpu or 0.0)
+        per_gib = cpu / (r.bytes / (1 << 30)) if r.bytes and r.workload in (1, 2, 4) else None
         print(f"  {NAMES[r.workload]:<18} {r.contender:<12} {r.seconds:7.2f} {rate:>14} "
-              f"{num(r.cpu, '.2f'):>6} {num(r.server_cpu, '.2f'):>6} {num(r.server_rss, '.0f'):>6} "
+              f"{num(r.cpu, '.2f'):>6} {num(r.server_cpu, '.2f'):>6} {num(per_gib, '.2f'):>6} "
+              f"{num(r.server_rss, '.0f'):>6} "
               f"{fetched:>10} {r.sent / MiB:>6.1f} MiB  {check}")  # fmt: skip
     return best
 
@@ -542,7 +551,7 @@ def prepare(bench: Bench) -> None:
             bench.azurite.account, STORE, bench.azurite.key, permission=can, expiry=until
         )
         bench.sets["L"] = bc.listing_dataset(bench.opts.scale)
-        bc.seed_tiny(bench.azurite.endpoint, STORE, sas, bench.sets["L"])
+        bc.seed_tiny(bench.azurite, STORE, sas, bench.sets["L"])
     write_workspace(bench.ws, bench.azurite)
     described = "; ".join(f"{ds.name}: {ds.describe()}" for ds in bench.sets.values())
     print(f"seeded {described} in {time.perf_counter() - start:.1f} s")
@@ -556,6 +565,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink datasets, e.g. 0.1")
     parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec FUSE baseline")
+    parser.add_argument("--http", action="store_true", help="plain HTTP (default: HTTPS)")
     opts = parser.parse_args(argv)
     sets = {d.strip().upper() for d in opts.datasets.split(",") if d.strip()}
     wanted = {w.strip() for w in opts.workloads.split(",") if w.strip()}
@@ -581,8 +591,10 @@ def main(argv: list[str]) -> int:
     opts = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     bench = Bench(opts, workdir := Path(tempfile.mkdtemp(prefix="datamount-mount-bench-")))
-    print(f"datamount mount benchmark: {os.cpu_count()} cores, scale {opts.scale:g}, best of "
-          f"{opts.repeat}, workloads {opts.workloads}, work folder {workdir}")  # fmt: skip
+    scheme = "HTTP" if opts.http else "HTTPS"
+    print(f"datamount mount benchmark: {os.cpu_count()} cores, over {scheme}, scale "
+          f"{opts.scale:g}, best of {opts.repeat}, workloads {opts.workloads}, "
+          f"work folder {workdir}")  # fmt: skip
     if (load := os.getloadavg()[0]) > 0.5:
         print(f"warning: load average {load:.2f} before start; other processes share the CPUs")
     try:

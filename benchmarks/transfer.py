@@ -23,8 +23,13 @@ download Azurite would grow it by the dataset size per run (measured: 2 GiB seed
 = 2.1 GiB RSS, overwritten once = 4.0 GiB). Checked by listing names, sizes and
 Content-MD5 where set.
 
+Over HTTPS by default (Azurite serving a throwaway CA's leaf certificate, trusted by
+every contender through SSL_CERT_FILE / REQUESTS_CA_BUNDLE); `--http` for plain HTTP.
+The table's CPU s/GiB column is each contender's CPU per GiB moved: what TLS costs
+the client shows as the difference between the two modes.
+
 Usage: benchmarks/transfer.py [--datasets A,B,C] [--repeat N] [--only download|upload]
-                              [--scale 0.1] [--keep]
+                              [--scale 0.1] [--keep] [--http]
 Exit 0 when every contender ran and every byte checked out (targets are reported,
 not enforced); 1 otherwise; 130 when interrupted (Ctrl-C or SIGTERM: Azurite and the
 running contender are stopped, the work folder dropped). Single-threaded; imports the
@@ -53,6 +58,7 @@ from _common import (
     Dataset,
     Run,
     best_of,
+    certs_for,
     make_local,
     measure,
     print_table,
@@ -88,6 +94,7 @@ class Bench:
         self.workdir = workdir
         self.failures: list[str] = []
         self.notes: set[str] = set()
+        self.certs = certs_for(workdir, opts.http)
 
     def scratch(self, label: str) -> Path:
         """A fresh folder for one run: DEST and datamount's cache/log folders live in it."""
@@ -128,6 +135,7 @@ def contender_env(azurite: BenchAzurite, scratch: Path) -> dict[str, str]:
         "BENCH_SAS": sas,
         "DATAMOUNT_CACHE_DIR": str(scratch / "cache"),
         "DATAMOUNT_LOG_DIR": str(scratch / "logs"),
+        **azurite.trust_env(),
     }
 
 
@@ -252,7 +260,7 @@ def bench_upload(bench: Bench, ds: Dataset) -> None:
     src = str(ds.local)
 
     def attempt(name: str, rep: int, scratch: Path) -> tuple[Run, list[str]]:
-        azurite = BenchAzurite(scratch / "azurite")
+        azurite = BenchAzurite(scratch / "azurite", tls=bench.certs)
         try:
             azurite.start()
             container = azurite.create_container(STORE)
@@ -324,6 +332,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", choices=("download", "upload"), help="one direction only")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink datasets, e.g. 0.1")
+    parser.add_argument("--http", action="store_true", help="plain HTTP (default: HTTPS)")
     opts = parser.parse_args(argv)
     opts.datasets = [d.strip().upper() for d in opts.datasets.split(",") if d.strip()]
     unknown = set(opts.datasets) - set("ABC")
@@ -341,11 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     workdir = Path(tempfile.mkdtemp(prefix="datamount-bench-"))
     bench = Bench(opts, workdir)
-    azurite = BenchAzurite(workdir / "azurite")
+    azurite = BenchAzurite(workdir / "azurite", tls=bench.certs)
     all_sets = standard_datasets(opts.scale)
     print(
         f"datamount transfer benchmark: {os.cpu_count()} cores, Python {platform.python_version()}"
-        f", scale {opts.scale:g}, best of {opts.repeat}, work folder {workdir}"
+        f", scale {opts.scale:g}, best of {opts.repeat}, over {'HTTP' if opts.http else 'HTTPS'}"
+        f", work folder {workdir}"
     )
     load = os.getloadavg()[0]
     if load > 0.5:  # two cores: anything else running skews every figure below
