@@ -1,5 +1,6 @@
 """One ObjectStore suite, run over MemoryStore, LocalStore, FaultyStore (over a
-MemoryStore) and AzureBlobStore (on Azurite): every read, and every read_into,
+MemoryStore) and AzureBlobStore (on Azurite, over HTTP and over HTTPS with the
+harness's throwaway CA passed as the store's CA bundle): every read, and every read_into,
 is compared with a slice of the source bytes. The declared capabilities
 (stream_into, supports_ranges, local_path, refused writes) are checked over
 every store, the read-only ones (HttpStore with and without ranges,
@@ -12,6 +13,7 @@ import hashlib
 import os
 import random
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -67,7 +69,13 @@ def fast_retry() -> RetryPolicy:
 
 
 @pytest.fixture(
-    params=["memory", "local", "faulty", pytest.param("azure", marks=pytest.mark.azurite)],
+    params=[
+        "memory",
+        "local",
+        "faulty",
+        pytest.param("azure", marks=pytest.mark.azurite),
+        pytest.param("azure_https", marks=pytest.mark.azurite),
+    ],
 )
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
     s = make_store(request.param, request, tmp_path)
@@ -85,14 +93,16 @@ def make_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Obj
         s = LocalStore(tmp_path / "root", page_size=3)
         (tmp_path / "root").mkdir()
     else:
-        az = request.getfixturevalue("azurite")
-        container = request.getfixturevalue("container")
+        az = request.getfixturevalue("azurite" if kind == "azure" else "azurite_https")
+        container = az.create_container(f"p{uuid.uuid4().hex[:24]}")
+        request.addfinalizer(container.delete_container)
         s = AzureBlobStore(
             az.endpoint,
             container.container_name,
             Credential.account_key(az.key),
             account=az.account,
             retry=fast_retry(),
+            ca_bundle=az.tls.ca if az.tls else None,
         )
     return s
 
@@ -345,6 +355,7 @@ READ_ONLY = ["http", "http-no-ranges", "filelist"]
         "faulty",
         *READ_ONLY,
         pytest.param("azure", marks=pytest.mark.azurite),
+        pytest.param("azure_https", marks=pytest.mark.azurite),
     ],
 )
 def readable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[ReadableStore, str]]:

@@ -1,7 +1,7 @@
 """HTTPS end to end: the one TLS context of storage.tls against an Azurite
 serving HTTPS with a throwaway CA (the `azurite_https` fixture), through the
-raw path, the SDK path, an https source and the CLI (download and a real
-FUSE ro_mount). The CA is trusted only through SSL_CERT_FILE or
+raw path, the SDK path, an https source and the CLI (download, upload, and
+real FUSE ro_mount and rw_mount). The CA is trusted only through SSL_CERT_FILE or
 REQUESTS_CA_BUNDLE; without either, a command fails with one line naming the
 host and the certificate problem, and writes nothing.
 """
@@ -231,3 +231,52 @@ def test_ro_mount_over_https_reads_the_bytes(
     out = datamount("unmount", str(mp), env=env)
     assert out.returncode == 0, out.stderr
     assert not mounted(mp)
+
+
+def blobs_of(container: ContainerClient, prefix: str) -> dict[str, bytes]:
+    return {
+        b.name[len(prefix) :]: container.download_blob(b.name).readall()
+        for b in container.list_blobs(name_starts_with=prefix)
+    }
+
+
+def test_upload_over_https_writes_every_byte(
+    azurite_https: Azurite, https_container: ContainerClient, tmp_path: Path
+) -> None:
+    assert azurite_https.tls is not None
+    src = tmp_path / "src"
+    files = {"a.txt": b"uploaded\n", "sub/big.bin": os.urandom(5 * 1024 * 1024 + 17)}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    name = https_container.container_name
+    env = cli_env(azurite_https, tmp_path, name, SSL_CERT_FILE=str(azurite_https.tls.ca))
+    out = datamount("upload", str(src), "azureml://datastores/store/paths/up/", env=env)
+    assert out.returncode == 0, out.stderr
+    assert blobs_of(https_container, "up/") == files
+
+
+def test_rw_mount_over_https_uploads_what_was_written(
+    azurite_https: Azurite, https_container: ContainerClient, tmp_path: Path, mounts: Mounts
+) -> None:
+    assert azurite_https.tls is not None
+    name = https_container.container_name
+    env = cli_env(azurite_https, tmp_path, name, REQUESTS_CA_BUNDLE=str(azurite_https.tls.ca))
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "outputs:\n"
+        "  model: {type: uri_folder, path: 'azureml://datastores/store/paths/rw/', "
+        "mode: rw_mount}\n"
+    )
+    mp = mounts.point(tmp_path / "mnt")
+    out = datamount("mount", str(spec), str(mp), env=env)
+    assert out.returncode == 0, out.stderr
+    data = os.urandom(3 * 1024 * 1024 + 5)
+    (mp / "ckpt").mkdir()
+    (mp / "ckpt" / "model.bin").write_bytes(data)
+    (mp / "note.txt").write_text("done\n")
+    out = datamount("unmount", str(mp), env=env)
+    assert out.returncode == 0, out.stderr
+    assert not mounted(mp)
+    want = {"ckpt/": b"", "ckpt/model.bin": data, "note.txt": b"done\n"}  # mkdir: a marker
+    assert blobs_of(https_container, "rw/") == want
