@@ -211,6 +211,37 @@ def test_blob_overwritten_mid_download_is_one_version(
     assert no_parts(tmp_path)
 
 
+class OverwriteOnEveryRead:
+    """A blob rewritten before every read of it: no version lasts a download."""
+
+    def __init__(self, inner: MemoryStore, key: str) -> None:
+        self.inner, self.key, self.writes = inner, key, 0
+
+    def read_into(self, key: str, offset: int, buf: memoryview, *, etag: str | None = None) -> int:
+        if key == self.key:
+            self.writes += 1
+            self.inner.put(key, data(RANGE + self.writes))
+        return self.inner.read_into(key, offset, buf, etag=etag)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_blob_that_never_stops_changing_is_a_data_error_and_leaves_no_part(
+    tmp_path: Path,
+) -> None:
+    inner = MemoryStore({"v/hot.bin": data(RANGE), "v/calm.bin": b"calm"})
+    store = OverwriteOnEveryRead(inner, "v/hot.bin")
+    with pytest.raises(DataError) as caught:
+        Downloader(store, options(threads=2)).download(  # type: ignore[arg-type]
+            "v/", tmp_path / "dest", is_file=False, source_id="t"
+        )
+    assert caught.value.exit_code == 3
+    assert str(caught.value).startswith("v/hot.bin: changed ")
+    assert "times during the download; giving up" in str(caught.value)
+    assert no_parts(tmp_path / "dest") and not (tmp_path / "dest" / "hot.bin").exists()
+
+
 def test_resume_skips_complete_files(tmp_path: Path) -> None:
     blobs = {f"d/f{i:02d}.bin": data(RANGE // 2) for i in range(20)}
     inner = MemoryStore(blobs)

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from datamount.errors import DataError, DatamountError, StorageError, VersionChanged
+from datamount.errors import DataError, StorageError, VersionChanged
 from datamount.storage.base import ReadableStore
 from datamount.transfer.manifest import MANIFEST_NAME, Manifest
 from datamount.transfer.progress import Progress, human
@@ -218,7 +218,7 @@ class Downloader:
         for src in page:
             final = dest / src.rel
             if src.rel == MANIFEST_NAME:
-                raise DatamountError(f"{src.key}: collides with datamount's manifest name")
+                raise DataError(f"{src.key}: collides with datamount's manifest name")
             if src.rel in self._landing:  # 'a//b' and 'a/b': one local path, two objects
                 log.warning(
                     "%s: skipped: another object already lands at %s (names that differ "
@@ -403,7 +403,7 @@ class Downloader:
         job.restarts += 1
         self._restarts += 1
         if job.restarts > self.options.max_restarts:
-            raise DatamountError(
+            raise DataError(
                 f"{job.src.key}: changed {job.restarts} times during the download; giving up"
             )
         info = self.store.stat(job.src.key)
@@ -436,7 +436,7 @@ class Downloader:
         size = os.fstat(job.fd).st_size
         if size != job.src.size:
             self._close_fds(job)
-            raise DatamountError(f"{job.part}: size {size} after download, expected {job.src.size}")
+            raise DataError(f"{job.part}: size {size} after download, expected {job.src.size}")
         if not self.options.fsync or job.src.size > GROUP_COMMIT_MAX_FILE:
             if self.options.fsync:
                 os.fsync(job.fd)
