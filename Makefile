@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench bench-deps clean system-deps
+.PHONY: setup test lint demo bench bench-deps posix clean system-deps
 
 setup: system-deps $(STAMP) $(NODE_STAMP)
 
@@ -56,6 +56,19 @@ lint: setup
 
 demo: setup
 	$(BIN)/python scripts/demo.py
+
+# The POSIX suite (pjdfstest from ../shared/pjdfstest, built with autotools)
+# from inside an rw_mount and a ro_mount, beside the previous run's figures.
+# Minutes long, nothing asserted: not part of `make test`. POSIX_ARGS: e.g.
+# POSIX_ARGS="--only unlink,rename --modes rw_mount".
+POSIX_ARGS ?=
+posix: setup
+	@command -v autoreconf >/dev/null 2>&1 && command -v automake >/dev/null 2>&1 || { \
+		echo "installing system packages: autoconf automake"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			$$SUDO apt-get install -y -qq autoconf automake; }
+	$(BIN)/python scripts/posix.py $(POSIX_ARGS)
 
 bench: setup bench-deps
 	$(BIN)/python benchmarks/transfer.py

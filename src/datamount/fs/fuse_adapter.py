@@ -58,6 +58,11 @@ WAKE_SIGNAL = signal.SIGUSR1  # interrupts libfuse's loop thread after fuse_exit
 # errnos that are answers, not failures: never logged
 _QUIET = {errno.ENOENT, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENODATA,
           errno.EEXIST, errno.ENOTEMPTY}  # fmt: skip
+# what the mount refuses to do (links, special files, modes, sizes): one WARNING
+# per operation and errno, later ones at DEBUG (a POSIX suite makes hundreds)
+_REFUSALS = {errno.EPERM, errno.EOPNOTSUPP, errno.EACCES, errno.EINVAL, errno.ENAMETOOLONG,
+             errno.EFBIG}  # fmt: skip
+_refused: set[tuple[str, int]] = set()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,8 +73,14 @@ class MountFailed(RuntimeError):
 
 def _to_errno(op: str, exc: BaseException) -> mfusepy.FuseOSError:
     if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
-        if exc.errno not in _QUIET:
-            log.warning("%s: %s (errno %s)", op, exc, errno.errorcode.get(exc.errno, exc.errno))
+        code = errno.errorcode.get(exc.errno, exc.errno)
+        if exc.errno in _REFUSALS and (op, exc.errno) in _refused:
+            log.debug("%s: %s (errno %s)", op, exc, code)
+        elif exc.errno in _REFUSALS:
+            _refused.add((op, exc.errno))
+            log.warning("%s: %s (errno %s; further %s refusals at DEBUG)", op, exc, code, code)
+        elif exc.errno not in _QUIET:
+            log.warning("%s: %s (errno %s)", op, exc, code)
         return mfusepy.FuseOSError(exc.errno)
     log.error("%s: unexpected %s, answering EIO", op, type(exc).__name__, exc_info=exc)
     return mfusepy.FuseOSError(errno.EIO)
@@ -155,8 +166,8 @@ class Adapter(mfusepy.Operations):
     # -- reads -----------------------------------------------------------------
 
     @_funnel
-    def getattr(self, path: str | None, fh: Any = None) -> dict[str, int]:
-        if path is None:  # fstat of an unlinked open file (rw: hard_remove)
+    def getattr(self, path: str, fh: Any = None) -> dict[str, int]:
+        if fh is not None:  # through an open handle: its path may name another file now
             return self.fs.fgetattr(fh.fh)
         return self.fs.getattr(path)
 
@@ -239,8 +250,8 @@ class Adapter(mfusepy.Operations):
         return self.fs.write(path, data, offset, fh.fh)
 
     @_funnel
-    def truncate(self, path: str | None, length: int, fh: Any = None) -> int:
-        if path is None:  # ftruncate of an unlinked open file (rw: hard_remove)
+    def truncate(self, path: str, length: int, fh: Any = None) -> int:
+        if fh is not None:  # ftruncate: the handle decides, whatever its name is now
             self.fs.ftruncate(fh.fh, length)
         else:
             self.fs.truncate(path, length)
@@ -387,11 +398,11 @@ def run(
     }
     if allow_other:
         options["allow_other"] = True  # the job may run as another user than the daemon
-    if writable:
-        # unlink of an open file reaches the filesystem as an unlink (its open
-        # handles keep their staged bytes), not as a rename to .fuse_hidden*,
-        # which over blobs would be a copy + delete and a stray blob.
-        options["hard_remove"] = True
+    # No hard_remove: libfuse turns the unlink of an open file (and a rename
+    # over one) into a rename to .fuse_hidden*, which WritableFS takes as the
+    # unlink it is (fs.writable: the blob is deleted, nothing is copied) while
+    # the name keeps the node reachable, so fstat of the open file still works;
+    # libfuse unlinks the hidden name after the last release.
     try:
         _Fuse(adapter, mountpoint, raw_fi=True, **options)
     except RuntimeError as exc:

@@ -28,11 +28,13 @@ class Opened:
 class OpenFile:
     """One open file handle: the path it was opened by, the handle its reads
     go to, and the blob version it pinned (None: it reads no blob version,
-    e.g. a staged file of an rw mount)."""
+    e.g. a staged file of an rw mount). `handle` may be replaced once, by a
+    local copy of that version (`fs.kept`), when the mount deletes the blob."""
 
     path: str
     handle: ReadHandle
     obj: ObjectId | None = None
+    mtime: float = 0.0  # of the version opened
 
 
 class DirStream:

@@ -96,6 +96,16 @@ def is_utf8(path: str) -> bool:
     return path.isascii() or not any("\udc80" <= c <= "\udcff" for c in path)
 
 
+def findable(path: str) -> None:
+    """Raise what a lookup of a name no blob can have answers: ENOENT for bytes
+    that are not UTF-8, ENAMETOOLONG for a component past NAME_MAX (as a local
+    filesystem answers, and as statfs's f_namemax says)."""
+    if not is_utf8(path):
+        raise os_error(errno.ENOENT)  # no blob name holds these bytes
+    if len(path) > NAME_MAX and any(len(part.encode()) > NAME_MAX for part in path.split("/")):
+        raise os_error(errno.ENAMETOOLONG, path)
+
+
 class ReadOnlyFS:
     """The filesystem the FUSE adapter serves. Paths are FUSE paths ('/a/b').
     `fs.writable.WritableFS` extends it for rw_mount (see the hooks)."""
@@ -139,8 +149,7 @@ class ReadOnlyFS:
 
     def lookup(self, path: str) -> Attrs:
         """The attributes of `path` (FileNotFoundError when there is none)."""
-        if not is_utf8(path):
-            raise os_error(errno.ENOENT)  # no blob name holds these bytes
+        findable(path)
         return self.namespace.getattr(path)
 
     def listing(self, path: str) -> Iterable[tuple[str, Attrs]]:
@@ -173,6 +182,11 @@ class ReadOnlyFS:
         """The open file of `fh`, if it is open."""
         with self._lock:
             return self._files.get(fh)
+
+    def open_files(self) -> list[OpenFile]:
+        """Every open file now (a snapshot)."""
+        with self._lock:
+            return list(self._files.values())
 
     def count(self, **deltas: int) -> None:
         """Add to the counters `counters()` reports (a new name starts at 0)."""
@@ -261,8 +275,7 @@ class ReadOnlyFS:
         """Open the blob at `path` for reading, pinned to the version it has now."""
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & _WRITE_FLAGS:
             raise read_only(path)
-        if not is_utf8(path):
-            raise os_error(errno.ENOENT)  # no blob name holds these bytes
+        findable(path)
         for last in (False, True):
             attrs = self.namespace.getattr(path)
             if attrs.is_dir:
@@ -277,7 +290,7 @@ class ReadOnlyFS:
                 self.namespace.invalidate(path)
                 if last:
                     raise os_error(errno.ESTALE, path) from exc
-        fh = self.add_file(OpenFile(path, handle, obj))
+        fh = self.add_file(OpenFile(path, handle, obj, attrs.mtime))
         with self._lock:
             keep = self._versions.pop(obj.key, None) == obj.etag
             self._versions[obj.key] = obj.etag  # now the newest: dicts keep insertion order

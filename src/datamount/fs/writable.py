@@ -53,13 +53,14 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from datamount.errors import ObjectNotFound, os_error
 from datamount.fs.folders import Folders, folders_for
 from datamount.fs.handles import Opened, OpenFile
+from datamount.fs.kept import KeptView, is_hidden, keep_readers, open_as, rename_open
 from datamount.fs.namespace import Attrs, Namespace, split
-from datamount.fs.ops import NAME_MAX, ReadOnlyFS, Writes, is_utf8
+from datamount.fs.ops import NAME_MAX, ReadOnlyFS, Writes, findable, is_utf8
 from datamount.fs.staged import StagedFiles, StagedView
 from datamount.read.reader import Reader, ReadHandle
 from datamount.write.journal import Leftovers
@@ -107,6 +108,7 @@ class WritableFS(ReadOnlyFS):
         self.writeback = writeback
         self.staged = StagedFiles(namespace, reader, writeback, self.folders, store_id=store_id)
         self.count(writes=0, bytes_written=0, creates=0, mkdirs=0, renames=0, deletes=0)
+        self.count(kept_open_files=0)
 
     # -- names -------------------------------------------------------------------
 
@@ -130,8 +132,9 @@ class WritableFS(ReadOnlyFS):
 
     def lookup(self, path: str) -> Attrs:
         """A path being written shows its staged file (size, time)."""
-        if not is_utf8(path):
-            raise os_error(errno.ENOENT)  # no blob name holds these bytes
+        findable(path)
+        if is_hidden(path):
+            return self.attrs_of(open_as(self.open_files(), path))
         staged = self.staged.visible(path.strip("/"))
         if staged is not None:
             return self.staged.attrs(staged)
@@ -168,7 +171,7 @@ class WritableFS(ReadOnlyFS):
         return merged()
 
     def handle_of(self, file: OpenFile) -> ReadHandle:
-        if isinstance(file, _OnStaged):
+        if isinstance(file, _OnStaged) or isinstance(file.handle, KeptView):
             return file.handle
         # opened read-only before a writer staged the path: show the writes
         staged = self.staged.visible(file.path.strip("/"))
@@ -177,7 +180,32 @@ class WritableFS(ReadOnlyFS):
     def attrs_of(self, file: OpenFile) -> Attrs:
         if isinstance(file, _OnStaged):
             return self.staged.attrs(file.staged)
+        if isinstance(file.handle, KeptView):
+            return file.handle.attrs  # its name is gone or names another file now
         return super().attrs_of(file)
+
+    # -- open files whose name goes (POSIX: they keep their bytes) ---------------------
+
+    def getattr(self, path: str) -> dict[str, int]:
+        st = super().getattr(path)
+        if is_hidden(path):
+            st["st_nlink"] = 0  # unlinked, still open
+        return st
+
+    def fgetattr(self, fh: int) -> dict[str, int]:
+        st = super().fgetattr(fh)
+        file = self.opened(fh)
+        if file is not None and is_hidden(file.path):
+            st["st_nlink"] = 0
+        return st
+
+    def _orphaning(self, keys: Callable[[str], bool]) -> None:
+        """This mount is about to delete or replace the stored versions of
+        `keys`: the handles that read them get local copies (fs.kept)."""
+        readers = [f for f in self.open_files() if f.obj is not None and keys(f.obj.key)]
+        if readers:
+            room = self.writeback.check_space
+            self.count(kept_open_files=keep_readers(readers, self.writeback.directory, room))
 
     def let_go(self, file: OpenFile) -> None:
         if not isinstance(file, _OnStaged):
@@ -321,22 +349,29 @@ class WritableFS(ReadOnlyFS):
     # -- names: unlink, mkdir, rmdir, rename -----------------------------------------
 
     def unlink(self, path: str, *_: object) -> int:
-        rel = path.strip("/")
+        if is_hidden(path):
+            return 0  # libfuse, after the last release of a hidden file: nothing stored
         if self.lookup(path).is_dir:
             raise os_error(errno.EISDIR, path)
+        self._remove(path)
+        return 0
+
+    def _remove(self, path: str) -> None:
+        rel = path.strip("/")
+        key = self.staged.key(rel)
         with self.staged.choosing:
+            self._orphaning(key.__eq__)
             staged = self.staged.pop(rel)
             if staged is not None:
                 self.staged.forget(staged)
             try:
-                self.store.delete(self.staged.key(rel))
+                self.store.delete(key)
             except ObjectNotFound:
                 if staged is None:
                     raise os_error(errno.ENOENT, path) from None
             finally:
                 self.namespace.invalidate(path)
         self.count(deletes=1)
-        return 0
 
     def mkdir(self, path: str, mode: int = 0o755) -> int:
         rel = path.strip("/")
@@ -374,6 +409,10 @@ class WritableFS(ReadOnlyFS):
             return 0
         if not o_rel or not n_rel or n_rel.startswith(o_rel + "/"):
             raise os_error(errno.EINVAL, old)
+        if is_hidden(new) and not self.lookup(old).is_dir:
+            self._remove(old)  # libfuse hides an open file: its unlink (fs.kept)
+            rename_open(self.open_files(), old, new)
+            return 0
         self._new_name(new)
         self._only_the_file(old)
         self._only_the_file(new)
@@ -387,10 +426,13 @@ class WritableFS(ReadOnlyFS):
                 if not self._is_empty(new):
                     raise os_error(errno.ENOTEMPTY, new)
                 self.rmdir(new)
+            self._orphaning(lambda k: k.startswith(self.staged.key(o_rel) + "/"))
             self.staged.rename_dir(o_rel, n_rel)
         else:
             if target is not None and target.is_dir:
                 raise os_error(errno.EISDIR, new)
+            self._orphaning(self.staged.key(n_rel).__eq__)  # libfuse hid an open target
+            self._orphaning(self.staged.key(o_rel).__eq__)
             self.staged.rename_file(o_rel, n_rel)
         self.count(renames=1)
         return 0

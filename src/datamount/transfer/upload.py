@@ -39,6 +39,8 @@ log = logging.getLogger("datamount.transfer.upload")
 # 8 MiB blocks: ≤ 50,000 blocks per blob allows 390 GiB files; per-request
 # overhead stays < 2% at the rates Azurite and Azure reach.
 BLOCK_SIZE = 8 << 20
+MAX_BLOCKS = 50_000  # per block blob (Put Block List)
+MAX_FILE_SIZE = MAX_BLOCKS * BLOCK_SIZE  # the largest file an upload can commit
 HASH_CHUNK = 1 << 20
 
 

@@ -6,8 +6,10 @@ One job: own the staging folder of one output (`<cache>/staging/<hash>/`):
 
 - `create(key)` makes an empty staged file (`<id>.data`); the filesystem fills
   it (copy of the current blob, writes, truncates) through `write`/`truncate`,
-  each checked against DATASET_RESERVED_FREE_DISK_SPACE first: a change that
-  would leave less free disk than that fails with ENOSPC and changes nothing.
+  each write checked against DATASET_RESERVED_FREE_DISK_SPACE first: one that
+  would leave less free disk than that fails with ENOSPC and changes nothing
+  (a truncate that grows the file makes a hole, which takes no disk). A size
+  past what an upload can commit (50,000 blocks of BLOCK_SIZE) is EFBIG.
 - `upload(staged)` sends the file through the transfer engine (`Uploader`:
   parallel Put Block + Put Block List, or one Put Blob for small files, the
   content MD5 always set), under the file's lock, so no write lands half-way
@@ -52,7 +54,7 @@ from datamount.budget import UPLOAD, MemoryBudget
 from datamount.errors import OutputError, os_error
 from datamount.storage.base import ObjectStore
 from datamount.transfer.progress import Progress
-from datamount.transfer.upload import BLOCK_SIZE, Uploader, UploadOptions
+from datamount.transfer.upload import BLOCK_SIZE, MAX_FILE_SIZE, Uploader, UploadOptions
 from datamount.write.journal import (
     ABANDONED,
     CLOSED,
@@ -236,7 +238,8 @@ class WriteBack:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         return Staged(sid, key, path, fd)
 
-    def _check_space(self, growth: int) -> None:
+    def check_space(self, growth: int) -> None:
+        """ENOSPC when `growth` more bytes would leave less than the reserve free."""
         if growth <= 0:
             return
         st = os.statvfs(self.directory)
@@ -250,15 +253,20 @@ class WriteBack:
             self._set_state(staged, OPEN)
 
     def write(self, staged: Staged, data: bytes, offset: int) -> int:
+        if offset + len(data) > MAX_FILE_SIZE:
+            raise os_error(errno.EFBIG, staged.key)
         with staged.lock:
-            self._check_space(offset + len(data) - staged.size())
+            # counted whole: a write inside the size may fill a hole
+            self.check_space(len(data))
             done = os.pwrite(staged.fd, data, offset)
             self._changed(staged)
             return done
 
     def truncate(self, staged: Staged, length: int) -> None:
+        """Set the size; growth is a hole, which takes no disk (sparse staging)."""
+        if length > MAX_FILE_SIZE:
+            raise os_error(errno.EFBIG, staged.key)
         with staged.lock:
-            self._check_space(length - staged.size())
             os.ftruncate(staged.fd, length)
             self._changed(staged)
 
@@ -266,7 +274,7 @@ class WriteBack:
         """Copy the current blob (`read(offset, n)` -> bytes) into a new staged
         file before it is opened for writing; it stays clean."""
         with staged.lock:
-            self._check_space(size)
+            self.check_space(size)
             offset = 0
             while offset < size:
                 data = read(offset, min(chunk, size - offset))  # type: ignore[operator]

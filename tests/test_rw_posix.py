@@ -1,0 +1,146 @@
+"""POSIX behaviour of open files in an rw_mount (real FUSE over real Azurite), the
+cases pjdfstest and everyday programs meet: a file unlinked while open keeps
+serving its bytes and fstat answers nlink 0 (tempfile.TemporaryFile); a handle on
+a renamed file reads on; a reader holding a file that a writer replaces with
+rename(tmp, name) (how checkpoints are written) reads the old bytes, whole, and
+the next open reads the new ones; a name longer than NAME_MAX is ENAMETOOLONG; a
+truncate past the largest blob is EFBIG, and a sparse truncate takes no disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from datamount.storage import ObjectStore
+from fuse_helpers import Mounts
+from test_rw_mount import blob, env_for, mount_ok, runtime_log, unmount_ok
+
+
+def keys(store: ObjectStore) -> list[str]:
+    return sorted(o.key for page in store.list_pages("out/") for o in page.objects)
+
+
+OLD = os.urandom(3 * 1024 * 1024 + 11)
+NEW = os.urandom(1024 * 1024 + 5)
+
+
+@pytest.fixture
+def rw(azurite, container, tmp_path: Path, mounts: Mounts):  # noqa: ANN001, ANN201
+    azurite.seed(container, {"out/ckpt.bin": OLD, "out/keep.txt": b"keep\n"})
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    yield mp
+    unmount_ok(mounts, mp, env)
+
+
+def test_temporary_file_unlinked_while_open_keeps_working(rw: Path, azure_store) -> None:  # noqa: ANN001
+    with tempfile.TemporaryFile(dir=rw) as f:  # create + unlink at once
+        f.write(b"scratch " * 1000)
+        f.flush()
+        st = os.fstat(f.fileno())
+        assert (st.st_size, st.st_nlink) == (8000, 0)
+        assert os.pread(f.fileno(), 7, 8) == b"scratch"
+        f.seek(0)
+        assert f.read() == b"scratch " * 1000
+    assert sorted(os.listdir(rw)) == ["ckpt.bin", "keep.txt"]
+    assert keys(azure_store) == ["out/ckpt.bin", "out/keep.txt"]
+
+
+def test_a_stored_file_unlinked_while_open_serves_its_old_bytes(rw: Path, azure_store) -> None:  # noqa: ANN001
+    fd = os.open(rw / "ckpt.bin", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 10, 0) == OLD[:10]
+        os.unlink(rw / "ckpt.bin")
+        assert not (rw / "ckpt.bin").exists()
+        st = os.fstat(fd)
+        assert (st.st_size, st.st_nlink) == (len(OLD), 0)
+        assert os.pread(fd, len(OLD) + 1, 0) == OLD
+    finally:
+        os.close(fd)
+    assert not (rw / "ckpt.bin").exists()
+    assert keys(azure_store) == ["out/keep.txt"]
+
+
+def test_a_handle_on_a_renamed_file_reads_on(rw: Path, azure_store) -> None:  # noqa: ANN001
+    fd = os.open(rw / "ckpt.bin", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 5, 0) == OLD[:5]
+        os.rename(rw / "ckpt.bin", rw / "moved.bin")
+        assert os.pread(fd, len(OLD) + 1, 0) == OLD
+        assert os.fstat(fd).st_size == len(OLD)
+    finally:
+        os.close(fd)
+    assert blob(azure_store, "out/moved.bin") == OLD
+
+
+def test_a_reader_of_a_file_replaced_by_rename_reads_the_old_bytes(
+    rw: Path, azure_store: ObjectStore
+) -> None:
+    fd = os.open(rw / "ckpt.bin", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 5, 0) == OLD[:5]
+        (rw / "ckpt.tmp").write_bytes(NEW)
+        os.rename(rw / "ckpt.tmp", rw / "ckpt.bin")
+        assert (rw / "ckpt.bin").read_bytes() == NEW  # a new open: the new version
+        assert os.pread(fd, len(OLD) + 1, 0) == OLD  # the old handle: the old one, whole
+        assert os.fstat(fd).st_size == len(OLD)
+    finally:
+        os.close(fd)
+    assert blob(azure_store, "out/ckpt.bin") == NEW
+    assert keys(azure_store) == ["out/ckpt.bin", "out/keep.txt"]
+
+
+def test_a_name_longer_than_name_max_is_enametoolong(rw: Path) -> None:
+    long = "x" * 256
+    for call in (os.stat, os.unlink, lambda p: os.open(p, os.O_RDONLY)):
+        with pytest.raises(OSError) as caught:
+            call(rw / long)
+        assert caught.value.errno == errno.ENAMETOOLONG
+    with pytest.raises(OSError) as caught:
+        os.truncate(rw / long, 1)
+    assert caught.value.errno == errno.ENAMETOOLONG
+
+
+def test_truncate_past_the_largest_blob_is_efbig_and_a_sparse_one_takes_no_disk(
+    rw: Path, azure_store: ObjectStore
+) -> None:
+    (rw / "s.bin").write_bytes(b"abc")
+    with pytest.raises(OSError) as caught:
+        os.truncate(rw / "s.bin", 999_999_999_999_999)
+    assert caught.value.errno == errno.EFBIG
+    assert os.stat(rw / "s.bin").st_size == 3
+    free = os.statvfs(rw).f_bavail * os.statvfs(rw).f_frsize
+    with open(rw / "s.bin", "r+b") as f:  # a hole larger than the free space
+        f.truncate(free + (1 << 30))
+        assert os.fstat(f.fileno()).st_size == free + (1 << 30)
+        f.truncate(5)
+    assert blob(azure_store, "out/s.bin") == b"abc\0\0"
+
+
+def test_refused_links_and_special_files_log_one_warning_each(
+    azurite,
+    container,
+    tmp_path: Path,
+    mounts: Mounts,  # noqa: ANN001
+) -> None:
+    env = env_for(azurite, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(tmp_path, mp, env)
+    (mp / "f").write_bytes(b"x")
+    for i in range(5):
+        with pytest.raises(OSError) as caught:
+            os.symlink("f", mp / f"s{i}")
+        assert caught.value.errno == errno.EPERM
+        with pytest.raises(OSError) as caught:
+            os.mkfifo(mp / f"p{i}")
+        assert caught.value.errno == errno.EOPNOTSUPP
+    unmount_ok(mounts, mp, env)
+    log = runtime_log(mounts).splitlines()
+    warnings = [line for line in log if " WARNING " in line and "refusals at DEBUG" in line]
+    assert len(warnings) == 2, warnings  # symlink EPERM and mknod EOPNOTSUPP, once each
