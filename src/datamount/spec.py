@@ -16,45 +16,36 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from datamount.errors import SpecError, UriError
+from datamount.spectable import (
+    ALLOWED_MODES,
+    DEFAULT_DATASTORE,
+    DEFAULT_MODE,
+    DEFAULT_TYPE,
+    DataType,
+    Direction,
+    Mode,
+    data_type,
+    default_output_path,
+    mode,
+)
 from datamount.uris import ASSET_NAME, Location, parse
 
-
-class DataType(StrEnum):
-    URI_FILE = "uri_file"
-    URI_FOLDER = "uri_folder"
-    MLTABLE = "mltable"
-
-
-class Mode(StrEnum):
-    RO_MOUNT = "ro_mount"
-    RW_MOUNT = "rw_mount"
-    DOWNLOAD = "download"
-    UPLOAD = "upload"
-    DIRECT = "direct"
-    EVAL_MOUNT = "eval_mount"
-    EVAL_DOWNLOAD = "eval_download"
+__all__ = [
+    "ALLOWED_MODES",
+    "DEFAULT_DATASTORE",
+    "DEFAULT_MODE",
+    "DataInput",
+    "DataType",
+    "Direction",
+    "JobSpec",
+    "LiteralInput",
+    "Mode",
+    "load_spec",
+    "parse_spec",
+]
 
 
-Direction = Literal["input", "output"]
-
-# Exactly the Azure ML table (DESIGN.md §1).
-ALLOWED_MODES: dict[tuple[Direction, DataType], tuple[Mode, ...]] = {
-    ("input", DataType.URI_FILE): (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT),
-    ("input", DataType.URI_FOLDER): (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT),
-    ("input", DataType.MLTABLE): (
-        Mode.DOWNLOAD,
-        Mode.RO_MOUNT,
-        Mode.DIRECT,
-        Mode.EVAL_DOWNLOAD,
-        Mode.EVAL_MOUNT,
-    ),
-    ("output", DataType.URI_FILE): (Mode.UPLOAD, Mode.RW_MOUNT),
-    ("output", DataType.URI_FOLDER): (Mode.UPLOAD, Mode.RW_MOUNT),
-    ("output", DataType.MLTABLE): (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT),
-}
-DEFAULT_MODE: dict[Direction, Mode] = {"input": Mode.RO_MOUNT, "output": Mode.RW_MOUNT}
 LITERAL_TYPES = {"integer": int, "number": float, "boolean": bool, "string": str}
-DEFAULT_DATASTORE = "workspaceblobstore"
 SINGLE_INPUT_NAME = "input"
 REFERENCE = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
@@ -307,23 +298,21 @@ def _data(
         return None
     before = len(problems)
     data_types = ", ".join(t.value for t in DataType)
-    type_raw = raw.get("type", DataType.URI_FOLDER.value if direction == "output" else None)
-    if type_raw is None:
-        problems.append(f"{where}.type: required; allowed: {data_types}")
-    elif type_raw not in DataType.__members__.values():
+    type_raw = raw.get("type", DEFAULT_TYPE.value)
+    kind = data_type(type_raw)
+    if kind is None:
         problems.append(f"{where}.type: {type_raw!r} is not a data type; allowed: {data_types}")
-    data_type = DataType(str(type_raw)) if type_raw in DataType.__members__.values() else None
 
     mode_raw = raw.get("mode", DEFAULT_MODE[direction].value)
-    mode = Mode(mode_raw) if mode_raw in Mode.__members__.values() else None
-    if data_type is not None:
-        allowed = ALLOWED_MODES[(direction, data_type)]
-        if mode not in allowed:
+    chosen = mode(mode_raw, direction, where)
+    if kind is not None:
+        allowed = ALLOWED_MODES[(direction, kind)]
+        if chosen not in allowed:
             problems.append(
-                f"{where}.mode: {mode_raw!r} is not allowed for a {data_type.value} {direction}; "
+                f"{where}.mode: {mode_raw!r} is not allowed for a {kind.value} {direction}; "
                 f"allowed: {', '.join(m.value for m in allowed)}"
             )
-    elif mode is None:
+    elif chosen is None:
         problems.append(
             f"{where}.mode: {mode_raw!r} is not a mode; allowed: {', '.join(m.value for m in Mode)}"
         )
@@ -333,10 +322,8 @@ def _data(
     optional = raw.get("optional") is True
     if path is None and direction == "input" and optional:
         return None  # an optional input left out: `$[[...]]` blocks naming it are dropped
-    if path is None and direction == "output" and data_type is DataType.URI_FILE:
-        problems.append(f"{where}.path: a uri_file output needs a path (it names the file)")
-    elif path is None and direction == "output":
-        path = f"azureml://datastores/{DEFAULT_DATASTORE}/paths/{job_name}/{name}/"
+    if path is None and direction == "output" and kind is not None:
+        path = default_output_path(job_name, name, kind)
         default_path = True
     location = None
     if path is None:
@@ -355,15 +342,15 @@ def _data(
     if direction == "input" and ("name" in raw or "version" in raw):
         problems.append(f"{where}: 'name'/'version' register outputs; an input cannot have them")
     identity = _identity(fields.pop("identity", None), f"{where}.identity", problems)
-    if len(problems) > before or data_type is None or mode is None or location is None:
+    if len(problems) > before or kind is None or chosen is None or location is None:
         return None
     try:
         return DataInput(
             name=name,
             direction=direction,
-            type=data_type,
+            type=kind,
             path=str(path),
-            mode=mode,
+            mode=chosen,
             location=location,
             identity=identity,
             asset_name=str(raw["name"]) if raw.get("name") is not None else None,
