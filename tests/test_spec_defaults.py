@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from datamount.spec import DataType, Mode, parse_spec
+from datamount.spec import DataType, LiteralInput, Mode, parse_spec
 
 DS = "azureml://datastores/workspaceblobstore/paths/x/"
 
@@ -79,3 +79,10 @@ def test_uri_file_output_default_path_is_a_file_named_after_the_output() -> None
 def test_uri_folder_output_default_path_unchanged() -> None:
     spec = parse_spec({"outputs": {"o": {}}}, run_name="run-1")
     assert spec.entry("o").path == "azureml://datastores/workspaceblobstore/paths/run-1/o/"
+
+
+def test_a_value_mapping_is_a_literal_input_as_in_the_sdk() -> None:
+    spec = parse_spec({"command": "echo ${{inputs.epochs}}", "inputs": {"epochs": {"value": 3}}})
+    literal = spec.inputs["epochs"]
+    assert isinstance(literal, LiteralInput)
+    assert literal.render() == "3"

@@ -242,10 +242,9 @@ def _input(
 ) -> DataInput | LiteralInput | None:
     where = f"inputs.{name}"
     if not isinstance(value, dict):
-        if isinstance(value, list):
-            problems.append(f"{where}: a list is not an input value")
-            return None
-        return LiteralInput(name=name, value=value)  # type: ignore[arg-type]
+        return _plain_literal(name, value, where, problems)
+    if set(value) == {"value"}:
+        return _plain_literal(name, value["value"], where, problems)  # the SDK's {value: ...}
     kind = value.get("type")
     if kind in LITERAL_TYPES:
         extra = set(value) - {"type", "default", "value", "description", "optional", "min", "max"}
@@ -265,6 +264,15 @@ def _input(
             return None
         return LiteralInput(name=name, value=literal)
     return _data(name, "input", value, where, job_name, problems)
+
+
+def _plain_literal(
+    name: str, value: object, where: str, problems: list[str]
+) -> LiteralInput | None:
+    if isinstance(value, list | dict):
+        problems.append(f"{where}: a {type(value).__name__} is not an input value")
+        return None
+    return LiteralInput(name=name, value=value)  # type: ignore[arg-type]
 
 
 def _literal(kind: str, raw: object) -> str | int | float | bool:
