@@ -66,3 +66,30 @@ def test_legacy_output_mount_is_rw_mount(
     out = datamount("run", str(spec), "--workdir", str(workdir), env=env)
     assert out.returncode == 0, out.stderr
     assert container.download_blob("m/a.txt").readall() == b"hi\n"
+
+
+def test_expressions_in_an_output_path_expand_to_the_run(
+    azurite, container, tmp_path: Path
+) -> None:
+    env = default_store_env(azurite, container, tmp_path)
+    path = "azureml://datastores/${{default_datastore}}/paths/runs/${{name}}/${{output_name}}/"
+    outs = {"res": {"type": "uri_folder", "mode": "upload", "path": path}}
+    out = datamount("run", str(job(tmp_path, "echo r > ${{outputs.res}}/r.txt", outs)), env=env)
+    assert out.returncode == 0, out.stderr
+    blobs = [b.name for b in container.list_blobs()]
+    assert len(blobs) == 1 and "${{" not in blobs[0]
+    top, run_name, output, file_name = blobs[0].split("/")
+    assert (top, output, file_name) == ("runs", "res", "r.txt")
+    assert run_name.startswith("sdkjob_")
+    assert container.download_blob(blobs[0]).readall() == b"r\n"
+
+
+def test_an_unknown_expression_in_an_output_path_stops_the_run(
+    azurite, container, tmp_path: Path
+) -> None:
+    env = default_store_env(azurite, container, tmp_path)
+    outs = {"res": {"path": "azureml://datastores/workspaceblobstore/paths/${{job_id}}/"}}
+    out = datamount("run", str(job(tmp_path, f"touch {tmp_path}/started", outs)), env=env)
+    assert out.returncode == 2
+    assert "outputs.res.path: unknown expression ${{job_id}}" in out.stderr
+    assert not (tmp_path / "started").exists() and not list(container.list_blobs())

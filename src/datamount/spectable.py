@@ -4,12 +4,15 @@ of a data entry's `type`, `mode` and output `path` as the Azure ML SDK
 uri_folder, the legacy output `mode: mount` is rw_mount, and an output without
 a path gets one on the default datastore.
 
+Also the expressions Azure ML expands in output paths (`${{name}}`...).
+
 Pure: no I/O. No threads.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from enum import StrEnum
 from typing import Literal
 
@@ -81,8 +84,31 @@ def mode(raw: object, direction: Direction, where: str) -> Mode | None:
     return Mode(text) if text in Mode.__members__.values() else None
 
 
-def default_output_path(run_name: str, output: str, kind: DataType) -> str:
+def default_output_path(
+    run_name: str, output: str, kind: DataType, datastore: str = DEFAULT_DATASTORE
+) -> str:
     """Where an output without a `path` goes: `<run>/<output>/` on the default
     datastore; a uri_file output is the file `<run>/<output>/<output>` there."""
-    folder = f"azureml://datastores/{DEFAULT_DATASTORE}/paths/{run_name}/{output}/"
+    folder = f"azureml://datastores/{datastore}/paths/{run_name}/{output}/"
     return folder + output if kind is DataType.URI_FILE else folder
+
+
+# The expressions Azure ML expands in an output path (`${{name}}` is the job's,
+# here the run's, unique name).
+_EXPRESSION = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
+OUTPUT_PATH_EXPRESSIONS = ("name", "output_name", "default_datastore")
+
+
+def expand_output_path(
+    path: str, where: str, *, run_name: str, output: str, datastore: str, problems: list[str]
+) -> str:
+    """`path` with `${{name}}`, `${{output_name}}` and `${{default_datastore}}`
+    expanded; an unknown expression is one problem naming it."""
+    values = {"name": run_name, "output_name": output, "default_datastore": datastore}
+    allowed = ", ".join(f"${{{{{e}}}}}" for e in OUTPUT_PATH_EXPRESSIONS)
+    unknown = [e for e in _EXPRESSION.findall(path) if e not in values]
+    for expression in unknown:
+        problems.append(f"{where}: unknown expression ${{{{{expression}}}}}; allowed: {allowed}")
+    if unknown:
+        return path
+    return _EXPRESSION.sub(lambda m: values[m.group(1)], path)
