@@ -69,7 +69,7 @@ def test_validate_invalid_exits_2_one_line_per_problem(env: dict[str, str]) -> N
         "datamount: error: inputs.broken.path: 'wasbs://nocontainer/x' is not a valid wasbs URI: "
         "expected wasbs://<container>@<account>.blob.core.windows.net/<path>",
         "datamount: error: outputs.model.mode: 'download' is not allowed for a uri_folder output; "
-        "allowed: upload, rw_mount",
+        "allowed: upload, rw_mount, direct",
     ]
     assert "Traceback" not in result.stderr
 

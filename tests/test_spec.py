@@ -25,8 +25,8 @@ TABLE = {
     ("input", "uri_file"): {"download", "ro_mount", "direct"},
     ("input", "uri_folder"): {"download", "ro_mount", "direct"},
     ("input", "mltable"): {"download", "ro_mount", "direct", "eval_download", "eval_mount"},
-    ("output", "uri_file"): {"upload", "rw_mount"},
-    ("output", "uri_folder"): {"upload", "rw_mount"},
+    ("output", "uri_file"): {"upload", "rw_mount", "direct"},
+    ("output", "uri_folder"): {"upload", "rw_mount", "direct"},
     ("output", "mltable"): {"upload", "rw_mount", "direct"},
 }
 
@@ -157,7 +157,7 @@ def test_all_problems_reported_at_once() -> None:
         "inputs.broken.path: 'wasbs://nocontainer/x' is not a valid wasbs URI: "
         "expected wasbs://<container>@<account>.blob.core.windows.net/<path>",
         "outputs.model.mode: 'download' is not allowed for a uri_folder output; "
-        "allowed: upload, rw_mount",
+        "allowed: upload, rw_mount, direct",
     ]
 
 
@@ -169,16 +169,8 @@ def test_all_problems_reported_at_once() -> None:
             "inputs.a.type: 'csv' is not a data type; allowed: uri_file, uri_folder, mltable",
         ),
         (
-            {"inputs": {"a": {"path": DS}}},
-            "inputs.a.type: required; allowed: uri_file, uri_folder, mltable",
-        ),
-        (
             {"inputs": {"a": {"type": "uri_file"}}},
             "inputs.a.path: required for an input (or set `optional: true`)",
-        ),
-        (
-            {"outputs": {"o": {"type": "uri_file", "mode": "upload"}}},
-            "outputs.o.path: a uri_file output needs a path (it names the file)",
         ),
         (
             {"inputs": {"../x": {"type": "uri_file", "path": DS}}},

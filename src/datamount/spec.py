@@ -10,51 +10,43 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from datamount.errors import SpecError, UriError
+from datamount.specliteral import LITERAL_TYPES, LiteralInput, plain_literal, typed_literal
+from datamount.spectable import (
+    ALLOWED_MODES,
+    DEFAULT_DATASTORE,
+    DEFAULT_MODE,
+    DEFAULT_TYPE,
+    DataType,
+    Direction,
+    Mode,
+    data_type,
+    default_output_path,
+    expand_output_path,
+    mode,
+)
 from datamount.uris import ASSET_NAME, Location, parse
 
-
-class DataType(StrEnum):
-    URI_FILE = "uri_file"
-    URI_FOLDER = "uri_folder"
-    MLTABLE = "mltable"
-
-
-class Mode(StrEnum):
-    RO_MOUNT = "ro_mount"
-    RW_MOUNT = "rw_mount"
-    DOWNLOAD = "download"
-    UPLOAD = "upload"
-    DIRECT = "direct"
-    EVAL_MOUNT = "eval_mount"
-    EVAL_DOWNLOAD = "eval_download"
+__all__ = [
+    "ALLOWED_MODES",
+    "DEFAULT_DATASTORE",
+    "DEFAULT_MODE",
+    "DataInput",
+    "DataType",
+    "Direction",
+    "JobSpec",
+    "LiteralInput",
+    "Mode",
+    "load_spec",
+    "parse_spec",
+]
 
 
-Direction = Literal["input", "output"]
-
-# Exactly the Azure ML table (DESIGN.md §1).
-ALLOWED_MODES: dict[tuple[Direction, DataType], tuple[Mode, ...]] = {
-    ("input", DataType.URI_FILE): (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT),
-    ("input", DataType.URI_FOLDER): (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT),
-    ("input", DataType.MLTABLE): (
-        Mode.DOWNLOAD,
-        Mode.RO_MOUNT,
-        Mode.DIRECT,
-        Mode.EVAL_DOWNLOAD,
-        Mode.EVAL_MOUNT,
-    ),
-    ("output", DataType.URI_FILE): (Mode.UPLOAD, Mode.RW_MOUNT),
-    ("output", DataType.URI_FOLDER): (Mode.UPLOAD, Mode.RW_MOUNT),
-    ("output", DataType.MLTABLE): (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT),
-}
-DEFAULT_MODE: dict[Direction, Mode] = {"input": Mode.RO_MOUNT, "output": Mode.RW_MOUNT}
-LITERAL_TYPES = {"integer": int, "number": float, "boolean": bool, "string": str}
-DEFAULT_DATASTORE = "workspaceblobstore"
 SINGLE_INPUT_NAME = "input"
 REFERENCE = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
@@ -87,17 +79,6 @@ class DataInput(BaseModel):
     asset_name: str | None = None  # outputs: register the result as this data asset
     asset_version: str | None = None
     path_was_default: bool = Field(default=False, exclude=True)
-
-
-class LiteralInput(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    name: str
-    value: str | int | float | bool | None
-
-    def render(self) -> str:
-        if isinstance(self.value, bool):
-            return "True" if self.value else "False"  # Azure ML renders Python-style
-        return "" if self.value is None else str(self.value)
 
 
 class JobSpec(BaseModel):
@@ -135,7 +116,16 @@ class JobSpec(BaseModel):
         return entries[name]
 
 
-def load_spec(path: Path, *, run_name: str | None = None) -> JobSpec:
+class _Names(NamedTuple):
+    """What output paths are made of: the run's name and the default datastore."""
+
+    run: str
+    datastore: str
+
+
+def load_spec(
+    path: Path, *, run_name: str | None = None, default_datastore: str = DEFAULT_DATASTORE
+) -> JobSpec:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -147,40 +137,46 @@ def load_spec(path: Path, *, run_name: str | None = None) -> JobSpec:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
-    return parse_spec(data, source=path, run_name=run_name)
+    return parse_spec(data, source=path, run_name=run_name, default_datastore=default_datastore)
 
 
-def parse_spec(data: object, *, source: Path | None = None, run_name: str | None = None) -> JobSpec:
+def parse_spec(
+    data: object,
+    *,
+    source: Path | None = None,
+    run_name: str | None = None,
+    default_datastore: str = DEFAULT_DATASTORE,
+) -> JobSpec:
     """`run_name`: the unique name of this run of the job (`datamount run`),
-    used for default output paths instead of the job's own name."""
+    used for default output paths and `${{name}}` instead of the job's own
+    name; `default_datastore`: where default output paths go, and
+    `${{default_datastore}}`."""
     if not isinstance(data, dict):
         raise SpecError(f"{source or 'spec'}: expected a YAML mapping at the top level")
     problems: list[str] = []
     shape = _shape(data)
     default_name = source.stem if source else "job"
     job_name = str(data.get("name") or default_name) if shape == "command" else default_name
-    path_name = run_name or job_name  # default output paths
+    names = _Names(run_name or job_name, default_datastore)  # output paths
     identity = _identity(data.get("identity"), "identity", problems) if shape == "command" else None
 
     inputs: dict[str, DataInput | LiteralInput] = {}
     outputs: dict[str, DataInput] = {}
     if shape == "single":
-        entry = _data(SINGLE_INPUT_NAME, "input", data, SINGLE_INPUT_NAME, path_name, problems)
+        entry = _data(SINGLE_INPUT_NAME, "input", data, SINGLE_INPUT_NAME, names, problems)
         if entry:
             inputs[SINGLE_INPUT_NAME] = entry
     else:
         for name, value in _mapping(data, "inputs", problems).items():
             if not _valid_name(str(name), "inputs", problems):
                 continue
-            entry_in = _input(str(name), value, path_name, problems)
+            entry_in = _input(str(name), value, names, problems)
             if entry_in:
                 inputs[str(name)] = entry_in
         for name, value in _mapping(data, "outputs", problems).items():
             if not _valid_name(str(name), "outputs", problems):
                 continue
-            entry_out = _data(
-                str(name), "output", value or {}, f"outputs.{name}", path_name, problems
-            )
+            entry_out = _data(str(name), "output", value or {}, f"outputs.{name}", names, problems)
             if entry_out:
                 outputs[str(name)] = entry_out
     env = _mapping(data, "environment_variables", problems)
@@ -247,51 +243,16 @@ def _mapping(data: dict[str, Any], key: str, problems: list[str]) -> dict[Any, A
 
 
 def _input(
-    name: str, value: object, job_name: str, problems: list[str]
+    name: str, value: object, names: _Names, problems: list[str]
 ) -> DataInput | LiteralInput | None:
     where = f"inputs.{name}"
     if not isinstance(value, dict):
-        if isinstance(value, list):
-            problems.append(f"{where}: a list is not an input value")
-            return None
-        return LiteralInput(name=name, value=value)  # type: ignore[arg-type]
-    kind = value.get("type")
-    if kind in LITERAL_TYPES:
-        extra = set(value) - {"type", "default", "value", "description", "optional", "min", "max"}
-        if extra:
-            problems.append(f"{where}: unknown keys for a {kind} input: {', '.join(sorted(extra))}")
-        literal = value.get("value", value.get("default"))
-        if literal is None and not value.get("optional", False):
-            problems.append(
-                f"{where}: a {kind} input needs a value (`default:` or `value:`) "
-                "unless it is `optional: true`"
-            )
-            return None
-        try:
-            literal = _literal(kind, literal) if literal is not None else None
-        except (TypeError, ValueError):
-            problems.append(f"{where}.value: {literal!r} is not a valid {kind}")
-            return None
-        return LiteralInput(name=name, value=literal)
-    return _data(name, "input", value, where, job_name, problems)
-
-
-def _literal(kind: str, raw: object) -> str | int | float | bool:
-    """A literal input's value as its declared type; strings such as
-    "false"/"0" are booleans as YAML would read them, never truthy text."""
-    if kind == "boolean":
-        if isinstance(raw, bool):
-            return raw
-        text = str(raw).strip().lower()
-        if text in ("true", "yes", "on", "1"):
-            return True
-        if text in ("false", "no", "off", "0"):
-            return False
-        raise ValueError(raw)
-    if kind == "integer" and isinstance(raw, float) and not raw.is_integer():
-        raise ValueError(raw)
-    result: str | int | float = LITERAL_TYPES[kind](raw)
-    return result
+        return plain_literal(name, value, where, problems)
+    if set(value) == {"value"}:
+        return plain_literal(name, value["value"], where, problems)  # the SDK's {value: ...}
+    if value.get("type") in LITERAL_TYPES:
+        return typed_literal(name, value, where, problems)
+    return _data(name, "input", value, where, names, problems)
 
 
 def _data(
@@ -299,7 +260,7 @@ def _data(
     direction: Direction,
     raw: object,
     where: str,
-    job_name: str,
+    names: _Names,
     problems: list[str],
 ) -> DataInput | None:
     if not isinstance(raw, dict):
@@ -307,23 +268,21 @@ def _data(
         return None
     before = len(problems)
     data_types = ", ".join(t.value for t in DataType)
-    type_raw = raw.get("type", DataType.URI_FOLDER.value if direction == "output" else None)
-    if type_raw is None:
-        problems.append(f"{where}.type: required; allowed: {data_types}")
-    elif type_raw not in DataType.__members__.values():
+    type_raw = raw.get("type", DEFAULT_TYPE.value)
+    kind = data_type(type_raw)
+    if kind is None:
         problems.append(f"{where}.type: {type_raw!r} is not a data type; allowed: {data_types}")
-    data_type = DataType(str(type_raw)) if type_raw in DataType.__members__.values() else None
 
     mode_raw = raw.get("mode", DEFAULT_MODE[direction].value)
-    mode = Mode(mode_raw) if mode_raw in Mode.__members__.values() else None
-    if data_type is not None:
-        allowed = ALLOWED_MODES[(direction, data_type)]
-        if mode not in allowed:
+    chosen = mode(mode_raw, direction, where)
+    if kind is not None:
+        allowed = ALLOWED_MODES[(direction, kind)]
+        if chosen not in allowed:
             problems.append(
-                f"{where}.mode: {mode_raw!r} is not allowed for a {data_type.value} {direction}; "
+                f"{where}.mode: {mode_raw!r} is not allowed for a {kind.value} {direction}; "
                 f"allowed: {', '.join(m.value for m in allowed)}"
             )
-    elif mode is None:
+    elif chosen is None:
         problems.append(
             f"{where}.mode: {mode_raw!r} is not a mode; allowed: {', '.join(m.value for m in Mode)}"
         )
@@ -333,11 +292,14 @@ def _data(
     optional = raw.get("optional") is True
     if path is None and direction == "input" and optional:
         return None  # an optional input left out: `$[[...]]` blocks naming it are dropped
-    if path is None and direction == "output" and data_type is DataType.URI_FILE:
-        problems.append(f"{where}.path: a uri_file output needs a path (it names the file)")
-    elif path is None and direction == "output":
-        path = f"azureml://datastores/{DEFAULT_DATASTORE}/paths/{job_name}/{name}/"
+    if path is None and direction == "output" and kind is not None:
+        path = default_output_path(names.run, name, kind, names.datastore)
         default_path = True
+    elif isinstance(path, str) and direction == "output":
+        path = expand_output_path(
+            path, f"{where}.path", run_name=names.run, output=name,
+            datastore=names.datastore, problems=problems,
+        )  # fmt: skip
     location = None
     if path is None:
         if direction == "input":
@@ -355,15 +317,15 @@ def _data(
     if direction == "input" and ("name" in raw or "version" in raw):
         problems.append(f"{where}: 'name'/'version' register outputs; an input cannot have them")
     identity = _identity(fields.pop("identity", None), f"{where}.identity", problems)
-    if len(problems) > before or data_type is None or mode is None or location is None:
+    if len(problems) > before or kind is None or chosen is None or location is None:
         return None
     try:
         return DataInput(
             name=name,
             direction=direction,
-            type=data_type,
+            type=kind,
             path=str(path),
-            mode=mode,
+            mode=chosen,
             location=location,
             identity=identity,
             asset_name=str(raw["name"]) if raw.get("name") is not None else None,

@@ -1,0 +1,114 @@
+"""The Azure ML type × mode × direction table, and the spelling and defaults
+of a data entry's `type`, `mode` and output `path` as the Azure ML SDK
+(`azure-ai-ml`) reads them: values are case-insensitive, a missing `type` is
+uri_folder, the legacy output `mode: mount` is rw_mount, and an output without
+a path gets one on the default datastore.
+
+Also the expressions Azure ML expands in output paths (`${{name}}`...).
+
+Pure: no I/O. No threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from enum import StrEnum
+from typing import Literal
+
+log = logging.getLogger("datamount.app")
+
+
+class DataType(StrEnum):
+    URI_FILE = "uri_file"
+    URI_FOLDER = "uri_folder"
+    MLTABLE = "mltable"
+
+
+class Mode(StrEnum):
+    RO_MOUNT = "ro_mount"
+    RW_MOUNT = "rw_mount"
+    DOWNLOAD = "download"
+    UPLOAD = "upload"
+    DIRECT = "direct"
+    EVAL_MOUNT = "eval_mount"
+    EVAL_DOWNLOAD = "eval_download"
+
+
+Direction = Literal["input", "output"]
+
+_OUTPUT_MODES = (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT)
+# The Azure ML table (DESIGN.md §1), as the SDK has it: every output type may
+# be direct (the command receives the resolved URI; azure-ai-ml's OutputSchema
+# allows upload, rw_mount, direct and the legacy mount for every type).
+ALLOWED_MODES: dict[tuple[Direction, DataType], tuple[Mode, ...]] = {
+    ("input", DataType.URI_FILE): (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT),
+    ("input", DataType.URI_FOLDER): (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT),
+    ("input", DataType.MLTABLE): (
+        Mode.DOWNLOAD,
+        Mode.RO_MOUNT,
+        Mode.DIRECT,
+        Mode.EVAL_DOWNLOAD,
+        Mode.EVAL_MOUNT,
+    ),
+    ("output", DataType.URI_FILE): _OUTPUT_MODES,
+    ("output", DataType.URI_FOLDER): _OUTPUT_MODES,
+    ("output", DataType.MLTABLE): _OUTPUT_MODES,
+}
+DEFAULT_MODE: dict[Direction, Mode] = {"input": Mode.RO_MOUNT, "output": Mode.RW_MOUNT}
+DEFAULT_TYPE = DataType.URI_FOLDER  # the SDK's Input/Output default
+DEFAULT_DATASTORE = "workspaceblobstore"
+# The SDK's legacy output mode: azure-ai-ml maps `mount` to READ_WRITE_MOUNT
+# (entities/_job/_input_output_helpers.py, OUTPUT_MOUNT_MAPPING_TO_REST).
+LEGACY_OUTPUT_MODES = {"mount": Mode.RW_MOUNT}
+
+
+def data_type(raw: object) -> DataType | None:
+    """`raw` as a data type, whatever its case (`URI_FOLDER`, `MLTable`); None if it is none."""
+    if not isinstance(raw, str):
+        return None
+    text = raw.lower()
+    return DataType(text) if text in DataType.__members__.values() else None
+
+
+def mode(raw: object, direction: Direction, where: str) -> Mode | None:
+    """`raw` as a mode, whatever its case; an output's legacy `mount` is
+    rw_mount, said in the log. None if it is no mode."""
+    if not isinstance(raw, str):
+        return None
+    text = raw.lower()
+    if direction == "output" and text in LEGACY_OUTPUT_MODES:
+        mapped = LEGACY_OUTPUT_MODES[text]
+        log.info("%s: mode %r is the legacy name of %s, as in Azure ML", where, raw, mapped.value)
+        return mapped
+    return Mode(text) if text in Mode.__members__.values() else None
+
+
+def default_output_path(
+    run_name: str, output: str, kind: DataType, datastore: str = DEFAULT_DATASTORE
+) -> str:
+    """Where an output without a `path` goes: `<run>/<output>/` on the default
+    datastore; a uri_file output is the file `<run>/<output>/<output>` there."""
+    folder = f"azureml://datastores/{datastore}/paths/{run_name}/{output}/"
+    return folder + output if kind is DataType.URI_FILE else folder
+
+
+# The expressions Azure ML expands in an output path (`${{name}}` is the job's,
+# here the run's, unique name).
+_EXPRESSION = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
+OUTPUT_PATH_EXPRESSIONS = ("name", "output_name", "default_datastore")
+
+
+def expand_output_path(
+    path: str, where: str, *, run_name: str, output: str, datastore: str, problems: list[str]
+) -> str:
+    """`path` with `${{name}}`, `${{output_name}}` and `${{default_datastore}}`
+    expanded; an unknown expression is one problem naming it."""
+    values = {"name": run_name, "output_name": output, "default_datastore": datastore}
+    allowed = ", ".join(f"${{{{{e}}}}}" for e in OUTPUT_PATH_EXPRESSIONS)
+    unknown = [e for e in _EXPRESSION.findall(path) if e not in values]
+    for expression in unknown:
+        problems.append(f"{where}: unknown expression ${{{{{expression}}}}}; allowed: {allowed}")
+    if unknown:
+        return path
+    return _EXPRESSION.sub(lambda m: values[m.group(1)], path)
