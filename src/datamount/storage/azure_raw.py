@@ -24,8 +24,9 @@ SDK's x-ms-version and are authorized by `storage.azure_auth`.
 Threads: one RawClient is shared by all threads; the pool lends each request
 its own connection (LIFO under a lock) and takes it back only when the
 response was read to its end. HTTPS trusts what storage.tls trusts (the
-system store, REQUESTS_CA_BUNDLE). Not done: HTTP(S)_PROXY settings
-(requests honours them, this path does not).
+system store, REQUESTS_CA_BUNDLE). Proxies: HTTPS_PROXY / HTTP_PROXY /
+NO_PROXY as requests reads them, decided once per RawClient (storage.proxy):
+HTTPS through a CONNECT tunnel, HTTP as absolute-form requests to the proxy.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from datamount.errors import StorageError
+from datamount.storage import proxy as proxies
 from datamount.storage import tls
 from datamount.storage.azure_auth import Auth, http_date
 from datamount.storage.errors import error_for_status
@@ -69,12 +71,25 @@ def _dropped(sock: socket.socket) -> bool:
 class ConnectionPool:
     """Idle keep-alive connections to one host, most recently used first."""
 
-    def __init__(self, endpoint: str, maxsize: int, *, ca_bundle: Path | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        maxsize: int,
+        *,
+        ca_bundle: Path | None = None,
+        proxy: proxies.Proxy | None = None,
+    ) -> None:
         parts = urlsplit(endpoint)
         self.https = parts.scheme == "https"
         self.host = parts.hostname or ""
         self.port = parts.port or (443 if self.https else 80)
         self.maxsize = maxsize
+        self.proxy = proxy
+        # Plain HTTP through a proxy: absolute-form targets, the proxy's header
+        # on every request (as requests sends them).
+        self.forward = proxy is not None and not self.https
+        self.target_prefix = f"{parts.scheme}://{parts.netloc}" if self.forward else ""
+        self.forward_headers = proxy.headers() if proxy is not None and self.forward else {}
         # The process's one context (storage.tls): the system store, plus
         # REQUESTS_CA_BUNDLE (`ca_bundle`), plus certifi only without a system store.
         self._context: ssl.SSLContext | None = tls.context(ca_bundle) if self.https else None
@@ -98,6 +113,10 @@ class ConnectionPool:
 
     def _connect(self) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection
+        if self.proxy is not None:
+            return proxies.connect(
+                self.proxy, self.host, self.port, timeout=CONNECT_TIMEOUT, context=self._context
+            )
         if self._context is not None:
             conn = http.client.HTTPSConnection(
                 self.host, self.port, timeout=CONNECT_TIMEOUT, context=self._context
@@ -175,7 +194,10 @@ class RawClient:
     ) -> None:
         endpoint = endpoint.rstrip("/")
         self.root = f"{endpoint}/{container}"
-        self.pool = ConnectionPool(endpoint, pool_size, ca_bundle=ca_bundle)
+        # The environment's proxy for this endpoint, read once (requests' rules).
+        self.pool = ConnectionPool(
+            endpoint, pool_size, ca_bundle=ca_bundle, proxy=proxies.for_url(endpoint)
+        )
         self.auth = auth
         self.api_version = api_version
         self.container_path = f"{urlsplit(endpoint).path}/{quote(container)}"
@@ -209,13 +231,19 @@ class RawClient:
         timeout: float,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         self.auth.sign(method, path, params, headers)
-        conn = self.pool.get(timeout)
+        pool = self.pool
+        sent = {**headers, **pool.forward_headers} if pool.forward else headers
+        conn = pool.get(timeout)
         try:
-            conn.request(method, self._url(path, params), body=body, headers=headers)
+            target = pool.target_prefix + self._url(path, params)
+            conn.request(method, target, body=body, headers=sent)
             resp = conn.getresponse()
         except BaseException:
             conn.close()
             raise
+        if resp.status == 407 and pool.proxy is not None:  # only a proxy answers 407
+            conn.close()
+            raise proxies.refused(pool.proxy, f"{pool.host}:{pool.port}", 407, resp.reason)
         for hook in self.hooks:
             hook(method, path, headers, resp.status)
         return conn, resp

@@ -7,7 +7,9 @@ named by REQUESTS_CA_BUNDLE (what Azure SDK users set; it reaches here as
 certifi's bundle only when the system store holds no CA at all (a slim
 container image). Every raw-path ConnectionPool and every requests session
 (`adapter()`: the SDK's and HttpStore's) uses the same context, so a CA
-that one path trusts the other trusts too.
+that one path trusts the other trusts too; so does TLS inside a proxy's
+CONNECT tunnel, and the adapter turns a failing proxy into storage.proxy's
+errors, as the raw path does.
 
 Cost (measured on this 2-core box; loop of 300 TLS 1.3 handshakes to a
 loopback HTTPS server with an EC P-256 leaf, client and server CPU together):
@@ -30,6 +32,7 @@ import ssl
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import certifi
 
@@ -77,7 +80,11 @@ def sources() -> str:
 def adapter(ca_bundle: Path | None = None, **kwargs: Any) -> Any:
     """A requests HTTPAdapter (`kwargs` as HTTPAdapter's) whose https
     connections use `context(ca_bundle)`. requests is imported here, not at
-    module level: the raw path never needs it."""
+    module level: the raw path never needs it. The credentials of the
+    environment's proxies are registered with the log's masking now."""
+    from datamount.storage import proxy
+
+    proxy.mask_environment()
     return _adapter_class()(context(ca_bundle), **kwargs)
 
 
@@ -90,12 +97,19 @@ def _adapter_class() -> Any:
         return _ADAPTER
 
     from requests.adapters import HTTPAdapter
+    from requests.exceptions import ProxyError
+    from requests.utils import select_proxy
+
+    from datamount.storage import proxy as proxies
 
     class TrustAdapter(HTTPAdapter):
         """requests on its own trusts certifi (or a `verify=` /
         REQUESTS_CA_BUNDLE path, loaded again for every new connection), never
         the system store. Here both the pool key and the connection get the
-        shared context and no CA path; verify=False still turns checks off."""
+        shared context and no CA path; verify=False still turns checks off.
+        A CONNECT tunnel's TLS (proxy_manager_for) gets the same context, and
+        a proxy that is unreachable or refuses is the raw path's error
+        (storage.proxy), naming the proxy's host:port only."""
 
         def __init__(self, ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
             self.ssl_context = ssl_context
@@ -108,6 +122,22 @@ def _adapter_class() -> Any:
         def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
             kwargs["ssl_context"] = self.ssl_context
             return super().proxy_manager_for(proxy, **kwargs)
+
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                response = super().send(request, *args, **kwargs)
+            except ProxyError as exc:
+                via = select_proxy(request.url, kwargs.get("proxies") or {})
+                if not via:
+                    raise
+                raise proxies.failed(proxies.parse(via), _host_port(request.url), exc) from None
+            if response.status_code == 407:  # only a proxy answers 407
+                via = select_proxy(request.url, kwargs.get("proxies") or {})
+                if via:
+                    response.close()
+                    target = _host_port(request.url)
+                    raise proxies.refused(proxies.parse(via), target, 407, response.reason or "")
+            return response
 
         def build_connection_pool_key_attributes(
             self, request: Any, verify: Any, cert: Any = None
@@ -127,3 +157,8 @@ def _adapter_class() -> Any:
 
     _ADAPTER = TrustAdapter
     return _ADAPTER
+
+
+def _host_port(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
