@@ -11,15 +11,27 @@ create and seed containers for tests.
 throwaway CA the harness makes with `cryptography`; nothing is installed on
 the host: a client trusts it only through SSL_CERT_FILE / REQUESTS_CA_BUNDLE
 naming `certs.ca`.
+
+`Azurite(workdir, tls=certs, oauth=True)` adds `--oauth basic` (Azurite
+allows it over HTTPS only): a request may then carry `Authorization: Bearer
+<JWT>`, and Azurite checks the JWT's claims, not its signature
+(BlobTokenAuthenticator.authenticateBasic in Azurite 3.35): iat, nbf and exp
+present, nbf <= now <= exp, iss starting with https://sts.windows.net/ (or
+another Entra authority), aud https://storage.azure.com (or the account's
+blob host). A token failing any of them is answered 403 AuthenticationFailed.
+`bearer_token(lifetime)` makes one that passes. Shared Key requests still
+work, so seeding is unchanged.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import ctypes
 import datetime
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -31,8 +43,10 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from azure.storage.blob import BlobServiceClient, ContainerClient
+if TYPE_CHECKING:  # imported when first used: a stand-in `az` imports bearer_token only
+    from azure.storage.blob import BlobServiceClient, ContainerClient
 
 REPO = Path(__file__).resolve().parent.parent
 AZURITE_BIN = REPO / "node_modules" / ".bin" / "azurite-blob"
@@ -45,6 +59,12 @@ SECOND = "mlsecond"
 SECOND_KEY = "c2Vjb25kLWFjY291bnQta2V5LWZvci1henVyaXRlLXRlc3RzLW9ubHktMDEyMzQ1Njc4OQ=="
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 START_TIMEOUT = 30.0  # node + Azurite start in ~1 s here; a loaded CI box is slower
+TENANT = "72f988bf-0000-4000-8000-00000000d47a"  # any GUID: Azurite checks the issuer's prefix
+# Azure Storage accepts a token a few minutes past its exp (clock skew);
+# Azurite accepts none, so a token's JWT exp is this far past the expiry its
+# issuer announces: a client that uses a token until the announced expiry
+# (as azure-identity does) is never refused for a request in flight.
+TOKEN_SKEW = 1
 
 
 class AzuriteMissing(RuntimeError):
@@ -146,13 +166,45 @@ def make_certs(folder: Path, *, name: str = "datamount test CA") -> Certs:
     return certs
 
 
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def bearer_token(lifetime: float, *, now: float | None = None) -> tuple[str, int]:
+    """A JWT Azurite's `--oauth basic` accepts for `lifetime` seconds (an
+    unsigned RS256-shaped token: Azurite does not verify signatures), and the
+    expiry to announce for it (epoch seconds, TOKEN_SKEW before the JWT's exp).
+    Each token is unique (a random jti), so tests can look for it in logs.
+    A negative lifetime makes a token that has already expired."""
+    now = time.time() if now is None else now
+    expires_on = int(now + lifetime)
+    claims = {
+        "aud": "https://storage.azure.com",
+        "iss": f"https://sts.windows.net/{TENANT}/",
+        "iat": int(now) - 1,
+        "nbf": int(now) - 1,
+        "exp": expires_on + TOKEN_SKEW,
+        "tid": TENANT,
+        "oid": str(uuid.uuid4()),
+        "jti": uuid.uuid4().hex,
+    }
+    header = {"alg": "RS256", "typ": "JWT"}
+    parts = [_b64url(json.dumps(part).encode()) for part in (header, claims)]
+    token = ".".join([*parts, _b64url(os.urandom(64))])
+    return token, expires_on
+
+
 class Azurite:
     """A running Azurite blob service. Use `start()` / `stop()` or a `with` block.
-    With `tls`, it serves HTTPS with that certificate."""
+    With `tls`, it serves HTTPS with that certificate; with `oauth` too, it
+    accepts bearer tokens (`bearer_token`)."""
 
-    def __init__(self, workdir: Path, *, tls: Certs | None = None) -> None:
+    def __init__(self, workdir: Path, *, tls: Certs | None = None, oauth: bool = False) -> None:
+        if oauth and tls is None:
+            raise ValueError("Azurite accepts --oauth only over HTTPS: pass tls too")
         self.workdir = workdir
         self.tls = tls
+        self.oauth = oauth
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._service: BlobServiceClient | None = None
@@ -181,6 +233,8 @@ class Azurite:
     @property
     def service(self) -> BlobServiceClient:
         if self._service is None:
+            from azure.storage.blob import BlobServiceClient
+
             extra = {"connection_verify": str(self.tls.ca)} if self.tls else {}
             self._service = BlobServiceClient.from_connection_string(
                 self.connection_string, retry_total=2, **extra
@@ -200,6 +254,8 @@ class Azurite:
             self.port = port or free_port()
             log = open(self.workdir / f"azurite-{self.port}.log", "wb")  # noqa: SIM115
             tls = ["--cert", str(self.tls.cert), "--key", str(self.tls.key)] if self.tls else []
+            if self.oauth:
+                tls += ["--oauth", "basic"]
             self._proc = subprocess.Popen(
                 [
                     str(AZURITE_BIN),

@@ -129,3 +129,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if {"azurite", "azurite_https"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.azurite)
+
+
+@pytest.fixture(scope="session")
+def azurite_oauth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """An Azurite of its own serving HTTPS (a throwaway CA, `.tls.ca`) with
+    `--oauth basic`: it accepts bearer tokens (azurite.bearer_token) and
+    refuses expired ones. Started only when a test asks for it."""
+    certs = make_certs(tmp_path_factory.mktemp("tls-oauth"))
+    yield from _serving(Azurite(tmp_path_factory.mktemp("azurite-oauth"), tls=certs, oauth=True))

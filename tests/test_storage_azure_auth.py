@@ -139,11 +139,18 @@ def test_bearer_tokens_are_cached_until_near_expiry_and_need_https() -> None:
         auth.sign("GET", "/c/b", [], headers)
         assert headers["Authorization"] == "Bearer t1"
     assert cred.calls == ["https://storage.azure.com/.default"]
-    short = FakeCredential(lifetime=60)  # inside the 5-minute refresh margin
+    # Shorter than twice the 5-minute margin: kept for half its life, not
+    # asked again at every request (issue 17).
+    short = FakeCredential(lifetime=60)
     auth = BearerAuth(short, https=True)
     auth.sign("GET", "/c/b", [], {})
     auth.sign("GET", "/c/b", [], {})
-    assert len(short.calls) == 2
+    assert len(short.calls) == 1
+    expired = FakeCredential(lifetime=-1)  # already expired: asked again each time
+    auth = BearerAuth(expired, https=True)
+    auth.sign("GET", "/c/b", [], {})
+    auth.sign("GET", "/c/b", [], {})
+    assert len(expired.calls) == 2
     with pytest.raises(AccessDenied):
         BearerAuth(cred, https=False).sign("GET", "/c/b", [], {})
 

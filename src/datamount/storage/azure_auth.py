@@ -8,8 +8,11 @@ headers in the service's collation order, '/account' + URL path, and the
 query parameters sorted, one 'name:value' line each. SAS: the token is
 appended to the query, nothing is signed. Bearer: a token from an
 azure-identity credential (scope https://storage.azure.com/.default),
-cached until 5 minutes before it expires, sent over https only. Anonymous:
-nothing.
+cached until 5 minutes before it expires (halfway through a token that
+lives less than 10 minutes), sent over https only; a credential that cannot
+give one is an AccessDenied naming the identity kind (a failed renewal
+while the current token is still valid only logs a warning and is retried).
+Anonymous: nothing.
 
 Each auth object sees the request's path (already percent-encoded, as sent),
 its query parameters (unencoded) and its headers, and may add headers.
@@ -25,6 +28,8 @@ import binascii
 import email.utils
 import functools
 import hmac
+import logging
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -34,6 +39,8 @@ from datamount.errors import AccessDenied
 
 TOKEN_SCOPE = "https://storage.azure.com/.default"
 TOKEN_REFRESH = 300.0  # renew 5 minutes before expiry, as azure-core's policy does
+log = logging.getLogger(__name__)
+REASON_MAX = 300  # characters of a credential's error kept in the one-line message
 
 _SIGNED = (
     "content-encoding",
@@ -142,14 +149,48 @@ class SharedKeyAuth:
         headers["Authorization"] = f"SharedKey {self.account}:{base64.b64encode(digest).decode()}"
 
 
+def refresh_at(expires_on: float, now: float) -> float:
+    """When to ask again for a token that expires at `expires_on`, got at
+    `now`: TOKEN_REFRESH before it expires, or halfway through what is left
+    of it when that is shorter (a token living less than twice the margin
+    would otherwise be renewed on every request). A credential that hands
+    back the same cached token is thus asked again after half, a quarter...
+    of its remaining life: a few calls, not one per request."""
+    return expires_on - max(0.0, min(TOKEN_REFRESH, (expires_on - now) / 2))
+
+
+# Lines of azure-identity's messages that say nothing about this failure: a
+# chain's header ('... failed to retrieve a token from the included
+# credentials.', 'Attempted credentials:') and its troubleshooting links.
+_NOISE = re.compile(
+    r"failed to retrieve a token from the included credentials|^Attempted credentials:"
+    r"|^To mitigate|^Visit https?://|troubleshoot"
+)
+
+
+def _reason(exc: BaseException) -> str:
+    """A credential's error as one bounded line: for a chain, each credential
+    and why it failed. (azure-identity masks tokens in its messages.)"""
+    text = str(getattr(exc, "message", "") or exc).strip() or type(exc).__name__
+    parts = [part.strip() for part in text.splitlines() if part.strip()]
+    kept = [part for part in parts if not _NOISE.search(part)] or parts[:1]
+    line = "; ".join(kept)
+    status = getattr(exc, "status_code", None)  # a token endpoint's HTTP answer
+    if status:
+        line = f"HTTP {status}: {line}"
+    return line if len(line) <= REASON_MAX else line[: REASON_MAX - 3] + "..."
+
+
 class BearerAuth:
     query = ""
 
-    def __init__(self, credential: Any, *, https: bool) -> None:
+    def __init__(self, credential: Any, *, https: bool, kind: str = "token credential") -> None:
         self._credential = credential
         self._https = https
+        self._kind = kind  # 'managed_identity', 'user_identity': named in errors
         self._lock = threading.Lock()
-        self._cached: tuple[str, float] = ("", 0.0)  # (token, expires_on), replaced whole
+        # (token, refresh_at, expires_on), replaced whole
+        self._cached: tuple[str, float, float] = ("", 0.0, 0.0)
 
     def __repr__(self) -> str:
         return f"BearerAuth({type(self._credential).__name__})"
@@ -158,13 +199,31 @@ class BearerAuth:
         self, method: str, path: str, params: Iterable[tuple[str, str]], headers: dict[str, str]
     ) -> None:
         if not self._https:  # the SDK refuses this too: a token never travels in clear
-            raise AccessDenied("a token credential needs an https endpoint")
-        token, expires = self._cached
-        if time.time() > expires - TOKEN_REFRESH:
+            raise AccessDenied(f"{self._kind} needs an https endpoint")
+        token, due, _ = self._cached
+        if time.time() >= due:
             with self._lock:  # one refresh at a time; the others reuse its result
-                token, expires = self._cached
-                if time.time() > expires - TOKEN_REFRESH:
-                    got = self._credential.get_token(TOKEN_SCOPE)
-                    token, expires = got.token, float(got.expires_on)
-                    self._cached = (token, expires)
+                token, due, _ = self._cached
+                if time.time() >= due:
+                    self._cached = self._fetch()
+                    token = self._cached[0]
         headers["Authorization"] = f"Bearer {token}"
+
+    def _fetch(self) -> tuple[str, float, float]:
+        try:
+            got = self._credential.get_token(TOKEN_SCOPE)
+        except Exception as exc:  # azure-identity's errors, the transport's, a bad reply
+            reason = _reason(exc)
+            token, _, expires = self._cached
+            now = time.time()
+            if token and now < expires:  # a renewal failed: the current token still serves
+                log.warning(
+                    "%s: renewing the storage token failed (%s); the current one lasts %.0f s",
+                    self._kind,
+                    reason,
+                    expires - now,
+                )
+                return token, refresh_at(expires, now), expires
+            raise AccessDenied(f"{self._kind} could not get a storage token: {reason}") from None
+        expires = float(got.expires_on)
+        return got.token, refresh_at(expires, time.time()), expires

@@ -20,6 +20,7 @@ clients themselves are thread-safe.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +50,21 @@ DEFAULT_READ_TIMEOUT = 30.0  # seconds without a byte before a request is abando
 TOKEN_KINDS = (CredentialKind.USER_IDENTITY, CredentialKind.MANAGED_IDENTITY)
 
 
+def _quiet_identity_log() -> None:
+    """azure-identity logs a WARNING (several lines) when get_token fails; with
+    no handler anywhere, Python's last-resort handler would print it on a
+    command's stderr beside datamount's own one-line error, which already
+    gives the reason. A NullHandler (what a library's logger should have)
+    stops only that fallback: handlers an application installs still get it."""
+    logger = logging.getLogger("azure.identity")
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        logger.addHandler(logging.NullHandler())
+
+
 def sdk_credential(credential: Credential, account: str) -> Any:
     kind = credential.kind
+    if kind in TOKEN_KINDS:
+        _quiet_identity_log()
     secret = credential.secret.reveal() if credential.secret else ""
     if kind is CredentialKind.ACCOUNT_KEY:
         from azure.core.credentials import AzureNamedKeyCredential
@@ -83,7 +97,7 @@ def raw_auth(credential: Credential, account: str, sdk_cred: Any, *, https: bool
     if credential.kind is CredentialKind.SAS:
         return SasAuth(secret)
     if sdk_cred is not None:
-        return BearerAuth(sdk_cred, https=https)
+        return BearerAuth(sdk_cred, https=https, kind=credential.describe())
     return Anonymous()
 
 
