@@ -28,6 +28,7 @@ import base64
 import contextlib
 import errno
 import http.client
+import os
 import re
 import ssl
 from dataclasses import dataclass, field
@@ -94,7 +95,11 @@ def parse(url: str) -> Proxy:
 
 
 def proxy_url_for(url: str) -> str | None:
-    """The proxy URL requests would use for `url` from the environment, or None."""
+    """The proxy URL requests would use for `url` from the environment, or None.
+    Without any *_proxy variable (urllib's test) requests is not even imported:
+    the raw path's start-up stays free of it."""
+    if not any(k.lower().endswith("_proxy") and v for k, v in os.environ.items()):
+        return None
     from requests.utils import get_environ_proxies, select_proxy
 
     return select_proxy(url, get_environ_proxies(url)) or None
