@@ -135,9 +135,13 @@ def _csv_batches(
 
 
 def _convert_options(opts: ReadDelimited, types: dict[str, pa.DataType] | None) -> Any:
+    # As Azure ML: only an unquoted empty field is null (`NA`, `null`, `NaN`
+    # stay text; pyarrow's default null list would turn them into nulls), and
+    # a quoted empty field is an empty string.
     return pacsv.ConvertOptions(
+        null_values=[""],
         strings_can_be_null=not opts.empty_as_string,
-        quoted_strings_can_be_null=not opts.empty_as_string,
+        quoted_strings_can_be_null=False,
         column_types=types,
     )
 
@@ -179,14 +183,23 @@ def _csv_by_lines(
     columns = names
     schema: pa.Schema | None = None  # of the last block, for a file with no rows
     rows = False
+    skip = 0
     for block in _line_blocks(raw, block_size):
+        if columns is None and not opts.infer_column_types:
+            # Inference off: every value is the file's text. Learn the column
+            # names from the first line alone, then read the whole block as
+            # strings (inferring first and casting back rewrites `00501`).
+            columns = _first_line_names(block, encoding, parse, no_header)
+            skip = 0 if no_header else 1
         read = pacsv.ReadOptions(
             use_threads=False,
             encoding=encoding,
             block_size=len(block) + 1,
             column_names=columns,
             autogenerate_column_names=no_header and columns is None,
+            skip_rows=skip,
         )
+        skip = 0
         types = (
             {n: pa.string() for n in columns} if columns and not opts.infer_column_types else None
         )
@@ -203,12 +216,23 @@ def _csv_by_lines(
                 else list(table.schema.names)
             )
             table = table.rename_columns(columns)
-            if not opts.infer_column_types:
-                table = table.cast(pa.schema([(n, pa.string()) for n in columns]))
         schema, rows = table.schema, rows or table.num_rows > 0
         yield from table.to_batches()
     if not rows and schema is not None:  # a header and no row: its columns still count
         yield _empty(schema)
+
+
+def _first_line_names(block: bytes, encoding: str, parse: Any, no_header: bool) -> list[str]:
+    """The column names of a file whose first line starts `block`: its header's
+    fields, or Column1..n for a file with no header."""
+    first = block[: block.find(b"\n") + 1] or block
+    read = pacsv.ReadOptions(
+        use_threads=False, encoding=encoding, autogenerate_column_names=no_header
+    )
+    table = pacsv.read_csv(pa.py_buffer(first), read_options=read, parse_options=parse)
+    if no_header:
+        return [f"Column{i + 1}" for i in range(table.num_columns)]
+    return list(table.schema.names)
 
 
 def _csv_streaming(
@@ -294,6 +318,13 @@ def read_json_lines(
             yield Chunk(_with_path(batch, path_col, file), file)
 
 
+def _json_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    """Rows as one batch whose columns are every key of every row, in the
+    order first seen (`RecordBatch.from_pylist` takes the first row's keys
+    only and drops the rest silently); a row without a key gets null there."""
+    return pa.RecordBatch.from_struct_array(pa.array(rows))
+
+
 def _json_batches(
     opts: ReadJsonLines, file: EvalFile, store: ObjectStore, block_size: int
 ) -> Iterator[pa.RecordBatch]:
@@ -316,9 +347,9 @@ def _json_batches(
                     raise _fail(file, msg) from None
                 rows.append(row)
                 if len(rows) >= JSON_BATCH_ROWS:
-                    yield pa.RecordBatch.from_pylist(rows)
+                    yield _json_batch(rows)
                     rows = []
         if rows:
-            yield pa.RecordBatch.from_pylist(rows)
+            yield _json_batch(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError, StorageError, UnicodeError) as exc:
         raise _fail(file, exc) from None
