@@ -122,7 +122,8 @@ def test_keep_drop_and_row_subsetting(remote) -> None:
     t = load_remote(
         remote, ["read_delimited: {}", "keep_columns: [score, id]", "skip: 1", "take: 3"]
     )
-    same(t.to_pandas_dataframe(), ref[["score", "id"]].iloc[1:4])
+    # the table's order, not the list's (as Azure ML's keep_columns: issue 12)
+    same(t.to_pandas_dataframe(), ref[["id", "score"]].iloc[1:4])
     t = load_remote(remote, ["read_delimited: {}", "drop_columns: [name, day]", "take: 100"])
     same(t.to_pandas_dataframe(), ref.drop(columns=["name", "day"]))
     steps = ["read_delimited: {}", "take_random_sample: {probability: 0.5, seed: 11}"]

@@ -25,22 +25,31 @@ class MLTableError(InvalidInput):
 
 
 Encoding = Literal[
-    "utf8", "iso88591", "latin1", "ascii", "utf16", "utf32", "utf8bom", "windows1252"
-]
-# MLTable encoding names → Python codec names.
+    "utf8", "utf-8", "iso88591", "iso-8859-1", "latin1", "latin-1", "ascii", "utf16", "utf-16",
+    "utf32", "utf8bom", "utf8 bom", "windows1252", "windows-1252",
+]  # fmt: skip
+# MLTable encoding names (Azure ML's spellings, and utf32/utf8bom) → Python codecs.
 CODECS = {
     "utf8": "utf-8",
+    "utf-8": "utf-8",
     "iso88591": "iso-8859-1",
+    "iso-8859-1": "iso-8859-1",
     "latin1": "latin-1",
+    "latin-1": "latin-1",
     "ascii": "ascii",
     "utf16": "utf-16",
+    "utf-16": "utf-16",
     "utf32": "utf-32",
     "utf8bom": "utf-8-sig",
+    "utf8 bom": "utf-8-sig",
     "windows1252": "cp1252",
+    "windows-1252": "cp1252",
 }
 READS = ("read_delimited", "read_parquet", "read_json_lines")
 FILE_STEPS = ("take", "skip", "take_random_sample")  # before a read step: on the file list
 PATH_KINDS = ("file", "folder", "pattern")
+# May come before the read step too (the SDK writes it there): its columns come first.
+PARTITION_STEP = "extract_columns_from_partition_format"
 
 
 class _Strict(BaseModel):
@@ -58,6 +67,7 @@ class ReadDelimited(_Strict):
     path_column: str = "Path"
     support_multi_line: bool = False
     infer_column_types: bool = True
+    partition_size: int | None = None  # the SDK writes it: Azure ML's parallelism hint, unused
 
     @field_validator("delimiter")
     @classmethod
@@ -77,6 +87,7 @@ class ReadJsonLines(_Strict):
     invalid_lines: Literal["error", "drop"] = "error"
     include_path_column: bool = False
     path_column: str = "Path"
+    partition_size: int | None = None  # the SDK writes it: Azure ML's parallelism hint, unused
 
 
 class TakeRandomSample(_Strict):
@@ -164,10 +175,18 @@ class MLTable:
         return out
 
     def row_steps(self) -> list[Step]:
-        """Every step after the first read step (applied to rows)."""
+        """Every step after the first read step (applied to rows), after the
+        partition steps written before the read step (as the SDK writes them)."""
         steps = list(self.steps)
         first = next((i for i, s in enumerate(steps) if s.is_read), None)
-        return [] if first is None else steps[first + 1 :]
+        if first is None:
+            return []
+        return [s for s in steps[:first] if s.name == PARTITION_STEP] + steps[first + 1 :]
+
+    def leads(self, step: Step) -> bool:
+        """Whether `step` comes before the read step (its columns go first)."""
+        read = self.read_step
+        return read is not None and self.steps.index(step) < self.steps.index(read)
 
 
 TOP_KEYS = {"$schema", "type", "paths", "transformations", "traits", "metadata"}
@@ -204,7 +223,7 @@ def parse_mltable(text: str, source: str) -> MLTable:
     for step in steps:
         if step.is_read:
             break
-        if step.name not in FILE_STEPS:
+        if step.name not in (*FILE_STEPS, PARTITION_STEP):
             place = "after the read_* transformation" if reads else "after a read_* transformation"
             raise fail(f"{step.where}: {step.name} works on columns: it must come {place}")
     return MLTable(source, paths, steps)
@@ -328,7 +347,11 @@ def _conversions(value: Any) -> list[Conversion]:
 def _partition(value: Any) -> patterns.PartitionFormat:
     # Written as a string, as {partition_format: ...}, or as the docs' flow
     # mapping `{timestamp:yyyy/MM/dd}`, which YAML reads as {'timestamp:yyyy/MM/dd': None}.
-    if isinstance(value, dict) and set(value) == {"partition_format"}:
+    # The SDK writes {partition_format, ignore_errors, path_column}.
+    if isinstance(value, dict) and "partition_format" in value:
+        unknown = sorted(set(value) - {"partition_format", "ignore_errors", "path_column"})
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r}")
         value = value["partition_format"]
     elif isinstance(value, dict) and len(value) == 1 and next(iter(value.values())) is None:
         value = "{" + str(next(iter(value))) + "}"

@@ -81,12 +81,34 @@ def open_file(file: EvalFile, store: ObjectStore, block_size: int) -> io.Buffere
 
 
 def _with_path(batch: pa.RecordBatch, name: str | None, file: EvalFile) -> pa.RecordBatch:
+    """The path column first, as Azure ML puts it."""
     if name is None:
         return batch
     value = pa.array([file.uri] * batch.num_rows, pa.string())
     names = [n for n in batch.schema.names if n != name]
     arrays = [batch.column(n) for n in names]
-    return pa.RecordBatch.from_arrays([*arrays, value], names=[*names, name])
+    return pa.RecordBatch.from_arrays([value, *arrays], names=[name, *names])
+
+
+def dedupe(names: list[str]) -> list[str]:
+    """Header names with a repeated one suffixed (`a`, `a_1`), as Azure ML names them."""
+    out: list[str] = []
+    for name in names:
+        new, k = name, 0
+        while new in out:
+            k += 1
+            new = f"{name}_{k}"
+        out.append(new)
+    return out
+
+
+def _typed(table: Any) -> Any:
+    """A date-only column as a timestamp (pandas datetime64, not Python dates),
+    as Azure ML types delimited text. `table`: a Table or a RecordBatch."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_date(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(pa.timestamp("us")))
+    return table
 
 
 class ReadError(DataError):
@@ -106,11 +128,14 @@ def read_delimited(
 ) -> Iterator[Chunk]:
     path_col = opts.path_column if opts.include_path_column else None
     first_names: list[str] | None = None
+    # from_first_file: later files have no header line; all_files_same_headers:
+    # their first line is a header, dropped, and the first file's names hold
+    # (both as Azure ML reads them: by position).
+    shared = opts.header in ("from_first_file", "all_files_same_headers")
     for index, file in enumerate(files):
-        header = opts.header
-        names = first_names if header == "from_first_file" and index > 0 else None
+        names = first_names if shared and index > 0 else None
         for batch in _csv_batches(opts, file, store_of(file), block_size, names):
-            if header == "from_first_file" and first_names is None:
+            if shared and first_names is None:
                 first_names = list(batch.schema.names)
             yield Chunk(_with_path(batch, path_col, file), file)
 
@@ -183,7 +208,7 @@ def _csv_by_lines(
     columns = names
     schema: pa.Schema | None = None  # of the last block, for a file with no rows
     rows = False
-    skip = 0
+    skip = 1 if names is not None and opts.header == "all_files_same_headers" else 0
     for block in _line_blocks(raw, block_size):
         if columns is None and not opts.infer_column_types:
             # Inference off: every value is the file's text. Learn the column
@@ -213,9 +238,10 @@ def _csv_by_lines(
             columns = (
                 [f"Column{i + 1}" for i in range(table.num_columns)]
                 if no_header
-                else list(table.schema.names)
+                else dedupe(table.schema.names)
             )
             table = table.rename_columns(columns)
+        table = _typed(table)
         schema, rows = table.schema, rows or table.num_rows > 0
         yield from table.to_batches()
     if not rows and schema is not None:  # a header and no row: its columns still count
@@ -232,7 +258,7 @@ def _first_line_names(block: bytes, encoding: str, parse: Any, no_header: bool) 
     table = pacsv.read_csv(pa.py_buffer(first), read_options=read, parse_options=parse)
     if no_header:
         return [f"Column{i + 1}" for i in range(table.num_columns)]
-    return list(table.schema.names)
+    return dedupe(table.schema.names)
 
 
 def _csv_streaming(
@@ -250,6 +276,7 @@ def _csv_streaming(
         encoding=CODECS[opts.encoding],
         column_names=names,
         autogenerate_column_names=no_header and names is None,
+        skip_rows=1 if names is not None and opts.header == "all_files_same_headers" else 0,
     )
     parse = pacsv.ParseOptions(delimiter=opts.delimiter, newlines_in_values=opts.support_multi_line)
 
@@ -269,18 +296,20 @@ def _csv_streaming(
     if loose:
         csv.close()
         csv = reader({n: pa.string() for n in loose})
-    rename = [f"Column{i + 1}" for i in range(len(csv.schema))] if no_header else None
+    rename = (
+        [f"Column{i + 1}" for i in range(len(csv.schema))]
+        if no_header
+        else dedupe(csv.schema.names)
+    )
     rows = False
     with csv:
         for batch in csv:
-            if rename is not None:
-                batch = pa.RecordBatch.from_arrays(batch.columns, names=rename)
+            batch = _typed(pa.RecordBatch.from_arrays(batch.columns, names=rename))
             rows = rows or batch.num_rows > 0
             yield batch
         if not rows:  # a header and no row: its columns still count, typed as no value
             schema = inferred if opts.infer_column_types else csv.schema
-            if rename is not None:
-                schema = pa.schema([f.with_name(n) for f, n in zip(schema, rename, strict=True)])
+            schema = pa.schema([f.with_name(n) for f, n in zip(schema, rename, strict=True)])
             yield _empty(schema)
 
 

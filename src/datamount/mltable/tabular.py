@@ -143,7 +143,7 @@ class TabularMLTable:
             f"MLTable {table.source}: {read.where}.{read.name}",
         )
         for step in table.row_steps():
-            chunks = _apply(step, chunks, table.source)
+            chunks = _apply(step, chunks, table.source, table.leads(step))
         return _stream(chunks)
 
 
@@ -189,7 +189,7 @@ def _stream(chunks: Iterator[Chunk]) -> Generator[Chunk, None, None]:
     yield from chunks
 
 
-def _apply(step: Step, chunks: Iterator[Chunk], source: str) -> Iterator[Chunk]:
+def _apply(step: Step, chunks: Iterator[Chunk], source: str, leads: bool) -> Iterator[Chunk]:
     where = f"MLTable {source}: {step.where}.{step.name}"
     if step.name == "take":
         return _take(chunks, step.args)
@@ -197,7 +197,7 @@ def _apply(step: Step, chunks: Iterator[Chunk], source: str) -> Iterator[Chunk]:
         return _skip(chunks, step.args)
     if step.name == "take_random_sample":
         return _sample(chunks, step.args.probability, step.args.seed)
-    return _map(step, chunks, where)
+    return _map(step, chunks, where, leads)
 
 
 def _take(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
@@ -243,10 +243,10 @@ def _sample(chunks: Iterator[Chunk], probability: float, seed: int | None) -> It
         yield Chunk(chunk.batch.filter(pa.array(keep)), chunk.file)
 
 
-def _map(step: Step, chunks: Iterator[Chunk], where: str) -> Iterator[Chunk]:
+def _map(step: Step, chunks: Iterator[Chunk], where: str, leads: bool) -> Iterator[Chunk]:
     for chunk in chunks:
         try:
-            batch = _transform(step, chunk, where)
+            batch = _transform(step, chunk, where, leads)
         except (expr.ExprError, convert.ConversionError) as exc:
             raise DataError(f"{where}: {exc}") from None
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -254,41 +254,39 @@ def _map(step: Step, chunks: Iterator[Chunk], where: str) -> Iterator[Chunk]:
         yield Chunk(batch, chunk.file)
 
 
-def _columns(batch: pa.RecordBatch, wanted: list[str], where: str) -> None:
-    missing = [c for c in wanted if c not in batch.schema.names]
-    if missing:
-        have = ", ".join(batch.schema.names)
-        raise DataError(f"{where}: no column {missing[0]!r} (columns: {have})")
-
-
-def _transform(step: Step, chunk: Chunk, where: str) -> pa.RecordBatch:
+def _transform(step: Step, chunk: Chunk, where: str, leading: bool) -> pa.RecordBatch:
     batch = chunk.batch
     names = batch.schema.names
+    # keep / drop / convert skip a column the table lacks, as Azure ML does
+    # (nothing is lost: there is no such data); keep_columns keeps table order.
     if step.name == "keep_columns":
-        _columns(batch, step.args, where)
-        return batch.select(step.args)
+        return batch.select([n for n in names if n in step.args])
     if step.name == "drop_columns":
-        _columns(batch, step.args, where)
         return batch.select([n for n in names if n not in step.args])
     if step.name == "filter":
         return batch.filter(expr.mask(step.args, batch), null_selection_behavior="drop")
     if step.name == "convert_column_types":
         arrays = dict(zip(names, batch.columns, strict=True))
         for conv in step.args:
-            _columns(batch, conv.columns, where)
-            for col in conv.columns:
+            for col in (c for c in conv.columns if c in arrays):
                 arrays[col] = convert.convert(arrays[col], conv, col)
         return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
     if step.name == "extract_columns_from_partition_format":
-        return _partition_columns(batch, step.args, chunk.file)
+        return _partition_columns(batch, step.args, chunk.file, leading)
     raise AssertionError(f"unhandled transformation {step.name}")  # the parser rejects others
 
 
-def _partition_columns(batch: pa.RecordBatch, fmt: PartitionFormat, file: EvalFile) -> Any:
+def _partition_columns(
+    batch: pa.RecordBatch, fmt: PartitionFormat, file: EvalFile, leading: bool
+) -> Any:
+    """The partition columns (the path's text, or a datetime) added to `batch`:
+    first when the step came before the read step (Azure ML's order), else last."""
     values = fmt.extract(file.path) or {}
     n = batch.num_rows
-    arrays = dict(zip(batch.schema.names, batch.columns, strict=True))
+    parts = {}
     for name, dt_format in fmt.columns:
         kind = pa.string() if dt_format is None else convert.TIMESTAMP
-        arrays[name] = pa.array([values.get(name)] * n, kind)
+        parts[name] = pa.array([values.get(name)] * n, kind)
+    data = {n: c for n, c in zip(batch.schema.names, batch.columns, strict=True) if n not in parts}
+    arrays = {**parts, **data} if leading else {**data, **parts}
     return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))

@@ -1,0 +1,126 @@
+"""datamount's MLTable reader against Azure ML's own `mltable` package (the
+oracle), case by case over tests/mltable_cases (hand-written MLTables) and
+over MLTables the real SDK writes (`from_*_files(...).save()`).
+
+`compare` reports the kinds of difference between the two tables: `error:<who>`
+(only one of them failed), `error:both` (both rejected it: agreement, which
+a case declares, so that a case never passes by failing twice), `columns` (names or
+order), `rows` (count), `dtype:<col>`, `values:<col>`. Normalised before
+comparing: pandas' text dtypes (`str`, `string`, `object` of text) are one
+`string`; datetime64 units are one `datetime`; nulls (None, NaN, NaT, pd.NA)
+are one null; a Path column is compared by its file name. Each case expects
+exactly its `differs` set (empty: the same table). The real package starts
+a Rust runtime once per process; every case is read in one test process.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from datamount.mltable import load as dm_load
+from mltable_cases.cases import CASES, Case, write
+
+mltable = pytest.importorskip("mltable")
+
+PATHY = {"Path", "path", "source"}
+
+
+def _dtype(series: pd.Series) -> str:
+    kind = str(series.dtype)
+    if kind in ("str", "string", "object"):
+        return "string" if kind != "object" or _all_text(series) else "object"
+    if kind.startswith("datetime64"):
+        return "datetime"
+    return {"Int64": "int64", "boolean": "bool", "Float64": "float64"}.get(kind, kind)
+
+
+def _all_text(series: pd.Series) -> bool:
+    return all(isinstance(v, str) for v in series if not _null(v))
+
+
+def _null(v: Any) -> bool:
+    if v is None or v is pd.NA or v is pd.NaT:
+        return True
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _values(series: pd.Series, name: str) -> list[Any]:
+    out = []
+    for v in series.tolist():
+        if _null(v):
+            out.append(None)
+        elif name in PATHY and isinstance(v, str):
+            out.append(v.replace("\\", "/").rsplit("/", 1)[-1])
+        elif isinstance(v, pd.Timestamp):
+            out.append(v.to_datetime64().astype("datetime64[us]"))
+        else:
+            out.append(v)
+    return out
+
+
+def compare(ours: Any, real: Any) -> set[str]:
+    """The kinds of difference between datamount's result and the real package's."""
+    if isinstance(ours, Exception) and isinstance(real, Exception):
+        return {"error:both"}  # agreement, but a case must say it expects it
+    if isinstance(ours, Exception) or isinstance(real, Exception):
+        return {"error:datamount" if isinstance(ours, Exception) else "error:mltable"}
+    diffs: set[str] = set()
+    if list(ours.columns) != list(real.columns):
+        diffs.add("columns")
+    if len(ours) != len(real):
+        diffs.add("rows")
+    for name in [c for c in ours.columns if c in set(real.columns)]:
+        a, b = ours[name], real[name]
+        if isinstance(a, pd.DataFrame) or isinstance(b, pd.DataFrame):
+            diffs.add(f"columns:{name}")  # a duplicate name
+            continue
+        if _dtype(a) != _dtype(b):
+            diffs.add(f"dtype:{name}")
+        if len(a) == len(b) and _values(a, name) != _values(b, name):
+            diffs.add(f"values:{name}")
+    return diffs
+
+
+def read_both(folder: Path) -> tuple[Any, Any]:
+    try:
+        ours: Any = dm_load(str(folder)).to_pandas_dataframe()
+    except Exception as exc:  # the difference, not the test, is the outcome
+        ours = exc
+    try:
+        real: Any = mltable.load(str(folder)).to_pandas_dataframe()
+    except Exception as exc:
+        real = exc
+    return ours, real
+
+
+def _show(result: Any) -> str:
+    if isinstance(result, Exception):
+        return f"{type(result).__name__}: {str(result).strip().splitlines()[0][:300]}"
+    return f"{result.to_dict('list')} {dict(result.dtypes.astype(str))}"
+
+
+def check(case: Case, folder: Path) -> None:
+    ours, real = read_both(folder)
+    diffs = compare(ours, real)
+    assert diffs == set(case.differs), (
+        f"{case.name}: differences {sorted(diffs)}, expected {sorted(case.differs)}\n"
+        f"  datamount: {_show(ours)}\n  mltable:   {_show(real)}"
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mltable_cases")
+    for case in CASES:
+        write(case, root)
+    return root
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case(case: Case, corpus: Path) -> None:
+    check(case, corpus / case.name)
