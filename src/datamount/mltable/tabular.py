@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datamount.errors import DataError
-from datamount.mltable import convert, expr, readers
+from datamount.mltable import convert, delimited, expr, readers
 from datamount.mltable.evaluate import (
     StoreFactory,
     Stores,
@@ -148,7 +148,7 @@ class TabularMLTable:
 
 
 _READERS: dict[str, Callable[..., Iterator[Chunk]]] = {
-    "read_delimited": readers.read_delimited,
+    "read_delimited": delimited.read_delimited,
     "read_parquet": readers.read_parquet,
     "read_json_lines": readers.read_json_lines,
 }
