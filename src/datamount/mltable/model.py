@@ -10,6 +10,7 @@ key 'delimeter'`). Reading the file from storage is `evaluate.read_mltable`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -72,7 +73,8 @@ class Step:
 
     read_delimited → ReadDelimited, read_parquet → ReadParquet, read_json_lines
     → ReadJsonLines, take / skip → int, take_random_sample → TakeRandomSample,
-    keep_columns / drop_columns → list[str], convert_column_types →
+    keep_columns / drop_columns → list[str] or re.Pattern ({pattern: <regex>}),
+    convert_column_types →
     list[Conversion], filter → expr.Expr, extract_columns_from_partition_format
     → patterns.PartitionFormat.
     """
@@ -236,6 +238,16 @@ def _partition(value: Any) -> patterns.PartitionFormat:
     return patterns.PartitionFormat.parse(value)
 
 
+def _selector(value: Any) -> list[str] | re.Pattern[str]:
+    """Column names, or `{pattern: <regex>}`: every column the regex finds in."""
+    if isinstance(value, dict) and set(value) == {"pattern"}:
+        try:
+            return re.compile(str(value["pattern"]))
+        except re.error as exc:
+            raise ValueError(f"pattern {value['pattern']!r}: {exc}") from None
+    return _columns(value)
+
+
 def _filter(value: Any) -> expr.Expr:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected an expression string, got {value!r}")
@@ -249,8 +261,8 @@ _PARSERS: dict[str, Any] = {
     "take": _count,
     "skip": _count,
     "take_random_sample": lambda v: TakeRandomSample.model_validate(_options(v)),
-    "keep_columns": _columns,
-    "drop_columns": _columns,
+    "keep_columns": _selector,
+    "drop_columns": _selector,
     "convert_column_types": _conversions,
     "filter": _filter,
     "extract_columns_from_partition_format": _partition,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,10 +260,11 @@ def _transform(step: Step, chunk: Chunk, where: str, leading: bool) -> pa.Record
     names = batch.schema.names
     # keep / drop / convert skip a column the table lacks, as Azure ML does
     # (nothing is lost: there is no such data); keep_columns keeps table order.
-    if step.name == "keep_columns":
-        return batch.select([n for n in names if n in step.args])
-    if step.name == "drop_columns":
-        return batch.select([n for n in names if n not in step.args])
+    if step.name in ("keep_columns", "drop_columns"):
+        sel = step.args
+        hit = [bool(sel.search(n)) if isinstance(sel, re.Pattern) else n in sel for n in names]
+        keep = step.name == "keep_columns"
+        return batch.select([n for n, h in zip(names, hit, strict=True) if h == keep])
     if step.name == "filter":
         return batch.filter(expr.mask(step.args, batch), null_selection_behavior="drop")
     if step.name == "convert_column_types":
