@@ -403,8 +403,6 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
     "encoding_utf8_bom_spelt": ({"error:mltable"},
         "deliberate: 'utf8 bom' reads (the real package's schema lists it, its reader "
         "rejects it)"),
-    "files_other_all_files_different_headers": ({"dtype:a"},
-        "deliberate: the real package turns the int 1 into True when headers differ"),
     "files_named_twice": ({"rows"},
         "deliberate: a file named twice is read once (the real package repeats its rows)"),
     "files_paths_only": ({"dtype:Path", "values:Path"},
@@ -432,8 +430,6 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
     "partition_before_read": ({"dtype:x", "values:x"},
         "deliberate: partition values stay the path's text (the real package types "
         "them: 01 would become 1)"),
-    "csv_default_zero_one": ({"dtype:b", "dtype:c"},
-                             "not yet: a 0/1-only column as boolean"),
     "csv_default_negatives": ({"dtype:i"}, "not yet: a leading '+' in an inferred int"),
     "csv_default_multi_line": ({"dtype:a", "rows"},
         "not yet: support_multi_line: false splitting at every newline inside quotes"),

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from datamount.errors import StorageError
@@ -238,12 +239,26 @@ def dedupe(names: list[str]) -> list[str]:
 
 
 def _typed(table: Any) -> Any:
-    """A date-only column as a timestamp (pandas datetime64, not Python dates),
-    as Azure ML types delimited text. `table`: a Table or a RecordBatch."""
+    """A date-only column as a timestamp (pandas datetime64, not Python dates)
+    and a 0/1-only column as boolean, as Azure ML types delimited text.
+    `table`: a Table or a RecordBatch."""
     for i, f in enumerate(table.schema):
         if pa.types.is_date(f.type):
             table = table.set_column(i, f.name, table.column(i).cast(pa.timestamp("us")))
+        elif pa.types.is_integer(f.type) and _zero_one(table.column(i)):
+            field = pa.field(f.name, pa.bool_(), metadata=ZERO_ONE)
+            table = table.set_column(i, field, table.column(i).cast(pa.bool_()))
     return table
+
+
+ZERO_ONE = {b"datamount": b"zero_one"}  # a boolean read from 0/1: as text it is 0/1
+
+
+def _zero_one(column: Any) -> bool:
+    """A column of 0s and 1s only: Azure ML reads it as boolean (a block that
+    has other ints later merges back to int: tabular.py)."""
+    bounds = pc.min_max(column).as_py()
+    return bounds["min"] is not None and bounds["min"] >= 0 and bounds["max"] <= 1
 
 
 def _text_columns(opts: ReadDelimited) -> dict[str, pa.DataType] | None:

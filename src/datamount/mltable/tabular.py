@@ -116,6 +116,11 @@ class TabularMLTable:
             return pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             pass
+        tables = _bool_as_number_where_mixed(tables)
+        try:
+            return pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
         try:  # files (or blocks) inferred different types for a column: keep its text
             return pa.concat_tables(_as_text_where_mixed(tables), promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
@@ -155,6 +160,32 @@ _READERS: dict[str, Callable[..., Iterator[Chunk]]] = {
 }
 
 
+def _bool_as_number_where_mixed(tables: list[pa.Table]) -> list[pa.Table]:
+    """A column boolean in some tables (a block of 0s and 1s only) and int or
+    float in others: its booleans as 0 and 1."""
+    kinds: dict[str, set[pa.DataType]] = {}
+    for t in tables:
+        for f in t.schema:
+            if not pa.types.is_null(f.type):
+                kinds.setdefault(f.name, set()).add(f.type)
+    number = (pa.types.is_integer, pa.types.is_floating)
+    mixed = {
+        name
+        for name, types in kinds.items()
+        if pa.bool_() in types
+        and all(t == pa.bool_() or any(f(t) for f in number) for t in types)
+        and len(types) > 1
+    }
+    out = []
+    for t in tables:
+        for name in mixed & set(t.schema.names):
+            i = t.schema.get_field_index(name)
+            if pa.types.is_boolean(t.schema.field(i).type):
+                t = t.set_column(i, name, pc.cast(t.column(i), pa.int64()))
+        out.append(t)
+    return out
+
+
 def _as_text_where_mixed(tables: list[pa.Table]) -> list[pa.Table]:
     """Cast to string every column whose non-null types differ between tables
     and are not all numeric (int64 and double still merge as double)."""
@@ -173,7 +204,10 @@ def _as_text_where_mixed(tables: list[pa.Table]) -> list[pa.Table]:
     for t in tables:
         for name in mixed & set(t.schema.names):
             i = t.schema.get_field_index(name)
-            t = t.set_column(i, name, pc.cast(t.column(i), pa.string()))
+            column = t.column(i)
+            if t.schema.field(i).metadata == delimited.ZERO_ONE:  # read as 0/1: "1", not "true"
+                column = pc.cast(column, pa.int64())
+            t = t.set_column(i, name, pc.cast(column, pa.string()))
         out.append(t)
     return out
 
