@@ -35,7 +35,7 @@ def _dtype(series: pd.Series) -> str:
     if kind in ("str", "string", "object"):
         return "string" if kind != "object" or _all_text(series) else "object"
     if kind.startswith("datetime64"):
-        return "datetime"
+        return "datetime" + (", tz" if "," in kind else "")  # the unit is normalised, a zone not
     return {"Int64": "int64", "boolean": "bool", "Float64": "float64"}.get(kind, kind)
 
 

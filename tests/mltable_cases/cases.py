@@ -74,6 +74,8 @@ CSV_DATA: dict[str, bytes] = {
     "timestamps": b"t\n2024-01-01 10:00:00\n2024-02-03 11:30:15\n",
     "zulu": b"t\n2024-01-01T10:00:00Z\n2024-02-03T11:30:15Z\n",
     "iso_t": b"t\n2024-01-01T10:00:00\n2024-02-03T11:30:15.250\n",
+    "offset": b"t\n2024-01-01T10:00:00+02:00\n2024-02-03T11:30:15-01:00\n",
+    "empty_numeric": b"a,b\n1,\n,2.5\n3,4\n",
     "negatives": b"i,f\n-1,-1.5\n+2,1e3\n",
     "big_ints": b"i\n9007199254740993\n-9223372036854775808\n",
     "mixed_int_float": b"v\n1\n2.5\n3\n",
@@ -103,7 +105,7 @@ CSV_MATRIX = {
     "default": list(CSV_DATA),
     "noinfer": ["basic", "people", "text_like", "empties", "na_words", "dates", "zulu",
                 "negatives", "spaces", "dup_headers", "quoted", "late_odd", "float_text"],
-    "empty_str": ["basic", "empties", "na_words", "all_empty_col", "people"],
+    "empty_str": ["basic", "empties", "na_words", "all_empty_col", "people", "empty_numeric"],
     "noheader": ["basic", "text_like", "dup_headers", "one_column"],
     "multiline": ["basic", "multi_line", "quoted", "empties", "people"],
 }  # fmt: skip
@@ -435,10 +437,6 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
         "not yet: support_multi_line: false splitting at every newline inside quotes"),
     "csv_default_wide_short_row": ({"error:datamount"},
                                    "not yet: a short row padded with nulls"),
-    "csv_empty_str_all_empty_col": ({"values:b"},
-        "not yet: empty_as_string for a column with no value"),
-    "csv_empty_str_people": ({"dtype:score", "values:score"},
-        "not yet: empty_as_string makes a numeric column with an empty field text"),
     "step_filter_startswith": ({"error:mltable"},
         "deliberate: startswith on a null is unknown and drops the row (the real "
         "package fails on the first null)"),

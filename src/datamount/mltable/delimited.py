@@ -68,7 +68,8 @@ def _convert_options(opts: ReadDelimited, types: dict[str, pa.DataType] | None) 
     # stay text; pyarrow's default null list would turn them into nulls), and
     # a quoted empty field is an empty string.
     return pacsv.ConvertOptions(
-        null_values=[""],
+        # empty_as_string: no value is null, so a column with an empty field is text
+        null_values=[] if opts.empty_as_string else [""],
         strings_can_be_null=not opts.empty_as_string,
         quoted_strings_can_be_null=False,
         column_types=types,
@@ -239,12 +240,16 @@ def dedupe(names: list[str]) -> list[str]:
 
 
 def _typed(table: Any) -> Any:
-    """A date-only column as a timestamp (pandas datetime64, not Python dates)
-    and a 0/1-only column as boolean, as Azure ML types delimited text.
+    """A date-only column as a timestamp (pandas datetime64, not Python dates),
+    a zoned timestamp as its UTC time, and a 0/1-only column as boolean, as
+    Azure ML types delimited text.
     `table`: a Table or a RecordBatch."""
     for i, f in enumerate(table.schema):
         if pa.types.is_date(f.type):
             table = table.set_column(i, f.name, table.column(i).cast(pa.timestamp("us")))
+        elif pa.types.is_timestamp(f.type) and f.type.tz is not None:  # `...Z`, `+02:00`
+            naive = pa.timestamp(f.type.unit)  # the UTC time, as Azure ML gives it
+            table = table.set_column(i, f.name, table.column(i).cast(naive))
         elif pa.types.is_integer(f.type) and _zero_one(table.column(i)):
             field = pa.field(f.name, pa.bool_(), metadata=ZERO_ONE)
             table = table.set_column(i, field, table.column(i).cast(pa.bool_()))
