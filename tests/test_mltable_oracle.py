@@ -56,6 +56,8 @@ def _values(series: pd.Series, name: str) -> list[Any]:
             out.append(None)
         elif name in PATHY and isinstance(v, str):
             out.append(v.replace("\\", "/").rsplit("/", 1)[-1])
+        elif hasattr(v, "tolist"):  # a list value (numpy array) of nested JSON or parquet
+            out.append(v.tolist())
         elif isinstance(v, pd.Timestamp):
             out.append(v.to_datetime64().astype("datetime64[us]"))
         else:

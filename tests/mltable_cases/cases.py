@@ -440,14 +440,76 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
     "step_filter_startswith": ({"error:mltable"},
         "deliberate: startswith on a null is unknown and drops the row (the real "
         "package fails on the first null)"),
+    "delim_multi_char": ({"error:datamount"},
+        "deliberate: a multi-character delimiter is an error (the real package splits "
+        "at each character and invents an empty column)"),
+    "row_sample": ({"values:id", "values:name", "values:score", "values:flag", "values:day"},
+        "not yet: a row-level take_random_sample draws other rows than Azure ML's "
+        "(a seeded numpy generator)"),
+    "conv_stream_info": ({"error:datamount"},
+        "not yet: the stream_info column type (the real package nulls every text value)"),
+    "conv_datetime_default": ({"error:mltable"},
+        "deliberate: column_type: datetime without formats reads ISO 8601"),
+    "filter_is_not_null": ({"error:mltable"},
+        "deliberate: datamount's filters also take `is null` / `is not null`"),
     "step_filter_endswith": ({"error:both"}, "both reject: endswith in a filter"),
     "step_filter_contains": ({"error:both"}, "both reject: contains in a filter"),
     "json_invalid_error": ({"error:both"}, "both reject: an invalid line by default"),
 }  # fmt: skip
 
 
+# -- more: sections, sampling, nested JSON, parquet with steps -----------------------
+
+
+def _more_cases() -> list[Case]:
+    one = _file("d.csv")
+    pq_one = _file("d.parquet")
+    table = pa.table({"k": [1, 2, 3, 4], "s": ["a", "b", None, "d"], "f": [0.5, 1.5, 2.5, None]})
+    nested = b'{"o": {"x": 1}, "l": [1, 2]}\n{"o": {"x": 2}, "l": []}\n'
+    return [
+        Case("delim_multi_char", {"d.csv": b"a||b\n1||x\n"},
+             _mltable(one, "read_delimited: {delimiter: '||'}")),
+        Case("section_traits", {"d.csv": CSV_DATA["basic"]},
+             _mltable(one, "read_delimited") + "traits:\n  index_columns: [a]\n"),
+        Case("section_metadata", {"d.csv": CSV_DATA["basic"]},
+             "type: mltable\n" + _mltable(one, "read_delimited")),
+        Case("row_sample", {"d.csv": PEOPLE},
+             _mltable(one, "read_delimited", "take_random_sample: {probability: 0.5, seed: 3}")),
+        Case("conv_stream_info", {"d.csv": CSV_DATA["basic"]},
+             _mltable(one, "read_delimited",
+                      "convert_column_types: [{columns: b, column_type: stream_info}]")),
+        Case("conv_datetime_default", {"d.csv": b"d\n2024-01-01 10:00:00\nnope\n"},
+             _mltable(one, "read_delimited: {infer_column_types: false}",
+                      "convert_column_types: [{columns: d, column_type: datetime}]")),
+        Case("conv_float_of_text", {"d.csv": b"v\n1.5\n1e3\n-2\nx\n"},
+             _mltable(one, "read_delimited: {infer_column_types: false}",
+                      "convert_column_types: [{columns: v, column_type: float}]")),
+        Case("conv_int_negative_decimal", {"d.csv": b"v\n-9.5\n7\n"},
+             _mltable(one, "read_delimited: {infer_column_types: false}",
+                      "convert_column_types: [{columns: v, column_type: int}]")),
+        Case("json_nested", {"d.jsonl": nested}, _mltable(_file("d.jsonl"), "read_json_lines")),
+        Case("parquet_filter", {"d.parquet": _parquet(table)},
+             _mltable(pq_one, "read_parquet", "filter: 'col(\"k\") >= 2'")),
+        Case("filter_is_not_null", {"d.parquet": _parquet(table)},
+             _mltable(pq_one, "read_parquet", "filter: 's is not null'")),
+        Case("parquet_convert", {"d.parquet": _parquet(table)},
+             _mltable(pq_one, "read_parquet",
+                      "convert_column_types: [{columns: k, column_type: string}, "
+                      "{columns: f, column_type: int}]")),
+        Case("parquet_drop_skip_take", {"d.parquet": _parquet(table)},
+             _mltable(pq_one, "read_parquet", "drop_columns: s", "skip: 1", "take: 2")),
+        Case("noheader_two_files", {"d/a.csv": b"1,x\n", "d/b.csv": b"2,y\n"},
+             _mltable("  - folder: ./d\n", "read_delimited: {header: no_header}")),
+        Case("first_file_dup_headers", {"d/a.csv": b"a,a\n1,2\n", "d/b.csv": b"3,4\n"},
+             _mltable("  - folder: ./d\n", "read_delimited: {header: from_first_file}")),
+        Case("file_level_skip", {"d/a.csv": b"a\n1\n", "d/b.csv": b"a\n2\n"},
+             _mltable("  - folder: ./d\n", "skip: 1", "read_delimited")),
+    ]  # fmt: skip
+
+
 def all_cases() -> list[Case]:
     cases = [
+        *_more_cases(),
         *_csv_cases(),
         *_csv_variants(),
         *_step_cases(),
