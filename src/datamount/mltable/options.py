@@ -55,6 +55,16 @@ class ReadDelimited(_Strict):
         it = self.infer_column_types
         return list(it.column_type_overrides) if isinstance(it, InferTypes) else []
 
+    @field_validator("infer_column_types", mode="before")
+    @classmethod
+    def _infer(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        try:  # the object's own message, not the union's "should be a valid boolean"
+            return InferTypes.model_validate(v)
+        except ValidationError as exc:
+            raise ValueError(pydantic_message(exc)) from None
+
     @field_validator("delimiter")
     @classmethod
     def _one_char(cls, v: str) -> str:
