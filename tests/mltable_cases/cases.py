@@ -452,6 +452,10 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
         "deliberate: column_type: datetime without formats reads ISO 8601"),
     "filter_is_not_null": ({"error:mltable"},
         "deliberate: datamount's filters also take `is null` / `is not null`"),
+    "late_odd_beyond_sample": ({"dtype:n", "values:n", "dtype:m", "values:m"},
+        "deliberate: a value past the rows the types were inferred from keeps its "
+        "data: `bad` stays text, `1.5` makes the column float (the real package "
+        "nulls `bad` and truncates 1.5 to 1)"),
     "step_filter_endswith": ({"error:both"}, "both reject: endswith in a filter"),
     "step_filter_contains": ({"error:both"}, "both reject: contains in a filter"),
     "json_invalid_error": ({"error:both"}, "both reject: an invalid line by default"),
@@ -502,6 +506,10 @@ def _more_cases() -> list[Case]:
              _mltable("  - folder: ./d\n", "read_delimited: {header: no_header}")),
         Case("first_file_dup_headers", {"d/a.csv": b"a,a\n1,2\n", "d/b.csv": b"3,4\n"},
              _mltable("  - folder: ./d\n", "read_delimited: {header: from_first_file}")),
+        Case("late_odd_beyond_sample",
+             {"d.csv": b"n,m\n" + b"".join(b"%d,%d\n" % (i, i) for i in range(1000))
+              + b"bad,1.5\n"},
+             _mltable(one, "read_delimited")),
         Case("file_level_skip", {"d/a.csv": b"a\n1\n", "d/b.csv": b"a\n2\n"},
              _mltable("  - folder: ./d\n", "skip: 1", "read_delimited")),
     ]  # fmt: skip
