@@ -1,5 +1,6 @@
-"""The MLTable oracle corpus as one table: each case is its data files and
-its MLTable text; `write(case, root)` puts it in a folder. A case that
+"""The MLTable oracle corpus: the cases of delimited.py and the ones here
+(transformations, conversions, JSON lines, parquet, partitions), each its
+data files and its MLTable text (base.py). A case that
 datamount reads differently from Azure ML's `mltable` on purpose names the
 difference (`differs`: the kinds of difference, as `compare` in
 test_mltable_oracle.py reports them) and the reason; the test asserts
@@ -8,208 +9,12 @@ review."""
 
 from __future__ import annotations
 
-import io
-from dataclasses import dataclass
-from pathlib import Path
-
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from mltable_cases.base import Case, file_entry, parquet_bytes, table_text, write
+from mltable_cases.delimited import CSV_DATA, PEOPLE, csv_cases, csv_variants
 
-@dataclass(frozen=True)
-class Case:
-    name: str
-    files: dict[str, bytes]
-    mltable: str
-    differs: frozenset[str] = frozenset()  # e.g. {"values:a", "dtype:a"}
-    reason: str = ""  # why datamount differs on purpose (README lists each)
-
-
-def write(case: Case, root: Path) -> Path:
-    folder = root / case.name
-    for name, data in case.files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(data)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "MLTable").write_text(case.mltable)
-    return folder
-
-
-def _mltable(paths: str, *steps: str) -> str:
-    text = f"paths:\n{paths}"
-    if steps:
-        text += "transformations:\n" + "".join(f"  - {s}\n" for s in steps)
-    return text
-
-
-def _file(name: str) -> str:
-    return f"  - file: ./{name}\n"
-
-
-def _parquet(table: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
-
-
-# -- delimited text: one file, read with each option set ------------------------
-
-PEOPLE = (
-    b"id,name,score,flag,day\n"
-    b"1,ann,1.5,true,2024-01-01\n"
-    b"2,bob,2.5,false,2024-01-08\n"
-    b"3,,3.0,true,2024-02-03\n"
-    b"4,dee,,false,2024-03-04\n"
-)
-
-CSV_DATA: dict[str, bytes] = {
-    "basic": b"a,b,c\n1,x,1.5\n2,y,2.5\n",
-    "people": PEOPLE,
-    "text_like": b"zip,price,flag,sci,day,m\n00501,1.50,TRUE,1e3,2024-01-01,07\n02134,2.00,FALSE,2e-2,2024-12-31,10\n",
-    "empties": b'a,b,c\n"",x,1\n,,2\n"q",,3\n',
-    "na_words": b"x,y\n1,NA\nnull,2\nNaN,3\n",
-    "bools": b"f\ntrue\nfalse\nTrue\n",
-    "zero_one": b"b,c\n0,1\n1,0\n1,1\n",
-    "dates": b"d\n2024-01-01\n2024-02-03\n",
-    "timestamps": b"t\n2024-01-01 10:00:00\n2024-02-03 11:30:15\n",
-    "zulu": b"t\n2024-01-01T10:00:00Z\n2024-02-03T11:30:15Z\n",
-    "iso_t": b"t\n2024-01-01T10:00:00\n2024-02-03T11:30:15.250\n",
-    "offset": b"t\n2024-01-01T10:00:00+02:00\n2024-02-03T11:30:15-01:00\n",
-    "empty_numeric": b"a,b\n1,\n,2.5\n3,4\n",
-    "negatives": b"i,f\n-1,-1.5\n+2,1e3\n",
-    "big_ints": b"i\n9007199254740993\n-9223372036854775808\n",
-    "mixed_int_float": b"v\n1\n2.5\n3\n",
-    "spaces": b"a,b\n 1 , x \n2,y\n",
-    "dup_headers": b"a,a,b\n1,2,3\n4,5,6\n",
-    "quoted": b'a,b\n"1","x, y"\n"2","say ""hi"""\n',
-    "multi_line": b'a,b\n1,"two\nlines"\n2,z\n',
-    "late_odd": b"n\n" + b"".join(b"%d\n" % i for i in range(50)) + b"bad\n",
-    "unicode": "name,v\nZoë,1\n東京,2\n".encode(),
-    "trailing_no_newline": b"a,b\n1,2\n3,4",
-    "crlf": b"a,b\r\n1,x\r\n2,y\r\n",
-    "header_only": b"a,b\n",
-    "one_column": b"only\n1\n2\n",
-    "wide_short_row": b"a,b,c\n1,2\n3,4,5\n",
-    "float_text": b"v\n1.0\n2.50\n1e-3\n",
-    "all_empty_col": b"a,b\n1,\n2,\n",
-}
-
-CSV_OPTION_SETS: dict[str, str] = {
-    "default": "read_delimited",
-    "noinfer": "read_delimited: {infer_column_types: false}",
-    "empty_str": "read_delimited: {empty_as_string: true}",
-    "noheader": "read_delimited: {header: no_header}",
-    "multiline": "read_delimited: {support_multi_line: true}",
-}
-CSV_MATRIX = {
-    "default": list(CSV_DATA),
-    "noinfer": ["basic", "people", "text_like", "empties", "na_words", "dates", "zulu",
-                "negatives", "spaces", "dup_headers", "quoted", "late_odd", "float_text"],
-    "empty_str": ["basic", "empties", "na_words", "all_empty_col", "people", "empty_numeric"],
-    "noheader": ["basic", "text_like", "dup_headers", "one_column"],
-    "multiline": ["basic", "multi_line", "quoted", "empties", "people"],
-}  # fmt: skip
-
-
-def _csv_cases() -> list[Case]:
-    out = []
-    for opt, datasets in CSV_MATRIX.items():
-        for data in datasets:
-            text = _mltable(_file("d.csv"), CSV_OPTION_SETS[opt])
-            out.append(Case(f"csv_{opt}_{data}", {"d.csv": CSV_DATA[data]}, text))
-    return out
-
-
-# -- delimited text: delimiters, encodings, several files -----------------------
-
-
-def _csv_variants() -> list[Case]:
-    one = _file("d.csv")
-    rows = "id;name\n1;Zoë\n2;Ålborg\n"
-    out = [
-        Case(
-            "delim_semicolon",
-            {"d.csv": b"a;b\n1;x\n2;y\n"},
-            _mltable(one, "read_delimited: {delimiter: ';'}"),
-        ),
-        Case(
-            "delim_tab",
-            {"d.csv": b"a\tb\n1\tx\n2\ty\n"},
-            _mltable(one, 'read_delimited: {delimiter: "\\t"}'),
-        ),
-        Case(
-            "delim_pipe",
-            {"d.csv": b"a|b\n1|x,y\n2|z\n"},
-            _mltable(one, "read_delimited: {delimiter: '|'}"),
-        ),
-    ]
-    for enc, codec in (
-        ("latin1", "latin-1"),
-        ("iso88591", "iso-8859-1"),
-        ("windows1252", "cp1252"),
-        ("utf16", "utf-16"),
-        ("utf8bom", "utf-8-sig"),
-        ("utf8", "utf-8"),
-    ):
-        data = rows.replace(";", ",").encode(codec)
-        out.append(
-            Case(
-                f"encoding_{enc}",
-                {"d.csv": data},
-                _mltable(one, f"read_delimited: {{encoding: {enc}}}"),
-            )
-        )
-    for enc, codec in (
-        ("utf-8", "utf-8"),
-        ("latin-1", "latin-1"),
-        ("iso-8859-1", "latin-1"),
-        ("windows-1252", "cp1252"),
-        ("utf-16", "utf-16"),
-        ("utf8 bom", "utf-8-sig"),
-    ):
-        data = rows.replace(";", ",").encode(codec)
-        out.append(
-            Case(
-                f"encoding_{enc.replace(' ', '_').replace('-', '_')}_spelt",
-                {"d.csv": data},
-                _mltable(one, f"read_delimited: {{encoding: '{enc}'}}"),
-            )
-        )
-    overrides = {
-        "text": "[{columns: zip, column_type: string}]",
-        "int_float": "[{columns: [zip, m], column_type: int}, {columns: price, column_type: float}]",
-        "bool": "[{columns: flag, column_type: boolean}]",
-        "datetime": "[{columns: day, column_type: {datetime: {formats: '%Y-%m-%d'}}}]",
-    }
-    for name, conv in overrides.items():
-        step = f"read_delimited: {{infer_column_types: {{sample_size: 10, column_type_overrides: {conv}}}}}"
-        out.append(
-            Case(f"infer_overrides_{name}", {"d.csv": CSV_DATA["text_like"]}, _mltable(one, step))
-        )
-    two = {"d/a.csv": b"a,b\n1,x\n2,y\n", "d/b.csv": b"a,b\n3,z\n"}
-    other = {"d/a.csv": b"a,b\n1,x\n", "d/b.csv": b"b,c\ny,2.5\n"}
-    typed = {"d/a.csv": b"a\n1\n2\n", "d/b.csv": b"a\n1.5\n"}
-    folder = "  - folder: ./d\n"
-    pattern = "  - pattern: ./d/*.csv\n"
-    for header in ("all_files_same_headers", "from_first_file", "all_files_different_headers"):
-        step = f"read_delimited: {{header: {header}}}"
-        out.append(Case(f"files_same_{header}", two, _mltable(folder, step)))
-        out.append(Case(f"files_other_{header}", other, _mltable(folder, step)))
-    out += [
-        Case("files_pattern", two, _mltable(pattern, "read_delimited")),
-        Case("files_int_then_float", typed, _mltable(pattern, "read_delimited")),
-        Case("files_named_twice", two,
-             _mltable(_file("d/a.csv") + _file("d/a.csv"), "read_delimited")),
-        Case("files_listing_order", {"d/b.csv": b"a\n2\n", "d/a.csv": b"a\n1\n",
-                                     "d/c/z.csv": b"a\n3\n"},
-             _mltable("  - pattern: ./d/**/*.csv\n", "read_delimited")),
-        Case("files_path_column", two,
-             _mltable(folder, "read_delimited: {include_path_column: true}")),
-        Case("files_paths_only", two, _mltable(folder)),
-        Case("files_take_file_level", two, _mltable(folder, "take: 1", "read_delimited")),
-    ]  # fmt: skip
-    return out
-
+__all__ = ["CASES", "Case", "write"]
 
 # -- transformations over PEOPLE --------------------------------------------------
 
@@ -266,11 +71,11 @@ NAME_STEPS: dict[str, list[str]] = {
 def _step_cases() -> list[Case]:
     return [
         Case(f"step_{name}", {"d.csv": PEOPLE},
-             _mltable(_file("d.csv"), "read_delimited", *steps))
+             table_text(file_entry("d.csv"), "read_delimited", *steps))
         for name, steps in STEPS.items()
     ] + [
         Case(f"names_{name}", {"d.csv": NAMES},
-             _mltable(_file("d.csv"), "read_delimited", *steps))
+             table_text(file_entry("d.csv"), "read_delimited", *steps))
         for name, steps in NAME_STEPS.items()
     ]  # fmt: skip
 
@@ -296,7 +101,7 @@ def _conversion_cases() -> list[Case]:
     step = "read_delimited: {infer_column_types: false}"
     return [
         Case(f"conv_{name}", {"d.csv": TEXT_COLS},
-             _mltable(_file("d.csv"), step, f"convert_column_types: [{conv}]"))
+             table_text(file_entry("d.csv"), step, f"convert_column_types: [{conv}]"))
         for name, conv in CONVERSIONS.items()
     ]  # fmt: skip
 
@@ -319,21 +124,21 @@ JSON_INVALID = b'{"a": 1}\nnot json\n{"a": 3}\n'
 
 
 def _json_cases() -> list[Case]:
-    one = _file("d.jsonl")
+    one = file_entry("d.jsonl")
     out = [
-        Case(f"json_{name}", {"d.jsonl": data}, _mltable(one, "read_json_lines"))
+        Case(f"json_{name}", {"d.jsonl": data}, table_text(one, "read_json_lines"))
         for name, data in JSON_DATA.items()
     ]
     out += [
         Case("json_invalid_drop", {"d.jsonl": JSON_INVALID},
-             _mltable(one, "read_json_lines: {invalid_lines: drop}")),
-        Case("json_invalid_error", {"d.jsonl": JSON_INVALID}, _mltable(one, "read_json_lines")),
+             table_text(one, "read_json_lines: {invalid_lines: drop}")),
+        Case("json_invalid_error", {"d.jsonl": JSON_INVALID}, table_text(one, "read_json_lines")),
         Case("json_path_column", {"d.jsonl": JSON_DATA["basic"]},
-             _mltable(one, "read_json_lines: {include_path_column: true}")),
+             table_text(one, "read_json_lines: {include_path_column: true}")),
         Case("json_take_filter", {"d.jsonl": JSON_DATA["basic"]},
-             _mltable(one, "read_json_lines", "filter: 'col(\"a\") > 1'")),
+             table_text(one, "read_json_lines", "filter: 'col(\"a\") > 1'")),
         Case("json_two_files", {"d/a.jsonl": b'{"a": 1}\n', "d/b.jsonl": b'{"a": 2, "b": "x"}\n'},
-             _mltable("  - folder: ./d\n", "read_json_lines")),
+             table_text("  - folder: ./d\n", "read_json_lines")),
     ]  # fmt: skip
     return out
 
@@ -354,18 +159,21 @@ def _parquet_cases() -> list[Case]:
         "dates": pa.table({"d": pa.array([dt.date(2024, 1, 1)], pa.date32())}),
         "many_cols": pa.table({f"c{i}": [i] for i in range(12)}),
     }  # fmt: skip
-    one = _file("d.parquet")
+    one = file_entry("d.parquet")
     out = [
-        Case(f"parquet_{name}", {"d.parquet": _parquet(t)}, _mltable(one, "read_parquet"))
+        Case(f"parquet_{name}", {"d.parquet": parquet_bytes(t)}, table_text(one, "read_parquet"))
         for name, t in tables.items()
     ]
-    two = {"d/a.parquet": _parquet(tables["ints"]), "d/b.parquet": _parquet(tables["ints"])}
+    two = {
+        "d/a.parquet": parquet_bytes(tables["ints"]),
+        "d/b.parquet": parquet_bytes(tables["ints"]),
+    }
     out += [
-        Case("parquet_two_files", two, _mltable("  - folder: ./d\n", "read_parquet")),
-        Case("parquet_path_column", {"d.parquet": _parquet(tables["strings"])},
-             _mltable(one, "read_parquet: {include_path_column: true}")),
-        Case("parquet_keep_take", {"d.parquet": _parquet(tables["many_cols"])},
-             _mltable(one, "read_parquet", "keep_columns: [c3, c1]", "take: 1")),
+        Case("parquet_two_files", two, table_text("  - folder: ./d\n", "read_parquet")),
+        Case("parquet_path_column", {"d.parquet": parquet_bytes(tables["strings"])},
+             table_text(one, "read_parquet: {include_path_column: true}")),
+        Case("parquet_keep_take", {"d.parquet": parquet_bytes(tables["many_cols"])},
+             table_text(one, "read_parquet", "keep_columns: [c3, c1]", "take: 1")),
     ]  # fmt: skip
     return out
 
@@ -378,10 +186,10 @@ def _partition_cases() -> list[Case]:
     pattern = "  - pattern: ./data/**/*.csv\n"
     return [
         Case("partition_after_read", files,
-             _mltable(pattern, "read_delimited",
+             table_text(pattern, "read_delimited",
                       "extract_columns_from_partition_format: '/data/x={x}/a.csv'")),
         Case("partition_before_read", files,
-             _mltable(pattern, "extract_columns_from_partition_format: "
+             table_text(pattern, "extract_columns_from_partition_format: "
                                "{partition_format: '/data/x={x}/a.csv', ignore_errors: false, "
                                "path_column: Path}",
                       "read_delimited")),
@@ -466,60 +274,60 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
 
 
 def _more_cases() -> list[Case]:
-    one = _file("d.csv")
-    pq_one = _file("d.parquet")
+    one = file_entry("d.csv")
+    pq_one = file_entry("d.parquet")
     table = pa.table({"k": [1, 2, 3, 4], "s": ["a", "b", None, "d"], "f": [0.5, 1.5, 2.5, None]})
     nested = b'{"o": {"x": 1}, "l": [1, 2]}\n{"o": {"x": 2}, "l": []}\n'
     return [
         Case("delim_multi_char", {"d.csv": b"a||b\n1||x\n"},
-             _mltable(one, "read_delimited: {delimiter: '||'}")),
+             table_text(one, "read_delimited: {delimiter: '||'}")),
         Case("section_traits", {"d.csv": CSV_DATA["basic"]},
-             _mltable(one, "read_delimited") + "traits:\n  index_columns: [a]\n"),
+             table_text(one, "read_delimited") + "traits:\n  index_columns: [a]\n"),
         Case("section_metadata", {"d.csv": CSV_DATA["basic"]},
-             "type: mltable\n" + _mltable(one, "read_delimited")),
+             "type: mltable\n" + table_text(one, "read_delimited")),
         Case("row_sample", {"d.csv": PEOPLE},
-             _mltable(one, "read_delimited", "take_random_sample: {probability: 0.5, seed: 3}")),
+             table_text(one, "read_delimited", "take_random_sample: {probability: 0.5, seed: 3}")),
         Case("conv_stream_info", {"d.csv": CSV_DATA["basic"]},
-             _mltable(one, "read_delimited",
+             table_text(one, "read_delimited",
                       "convert_column_types: [{columns: b, column_type: stream_info}]")),
         Case("conv_datetime_default", {"d.csv": b"d\n2024-01-01 10:00:00\nnope\n"},
-             _mltable(one, "read_delimited: {infer_column_types: false}",
+             table_text(one, "read_delimited: {infer_column_types: false}",
                       "convert_column_types: [{columns: d, column_type: datetime}]")),
         Case("conv_float_of_text", {"d.csv": b"v\n1.5\n1e3\n-2\nx\n"},
-             _mltable(one, "read_delimited: {infer_column_types: false}",
+             table_text(one, "read_delimited: {infer_column_types: false}",
                       "convert_column_types: [{columns: v, column_type: float}]")),
         Case("conv_int_negative_decimal", {"d.csv": b"v\n-9.5\n7\n"},
-             _mltable(one, "read_delimited: {infer_column_types: false}",
+             table_text(one, "read_delimited: {infer_column_types: false}",
                       "convert_column_types: [{columns: v, column_type: int}]")),
-        Case("json_nested", {"d.jsonl": nested}, _mltable(_file("d.jsonl"), "read_json_lines")),
-        Case("parquet_filter", {"d.parquet": _parquet(table)},
-             _mltable(pq_one, "read_parquet", "filter: 'col(\"k\") >= 2'")),
-        Case("filter_is_not_null", {"d.parquet": _parquet(table)},
-             _mltable(pq_one, "read_parquet", "filter: 's is not null'")),
-        Case("parquet_convert", {"d.parquet": _parquet(table)},
-             _mltable(pq_one, "read_parquet",
+        Case("json_nested", {"d.jsonl": nested}, table_text(file_entry("d.jsonl"), "read_json_lines")),
+        Case("parquet_filter", {"d.parquet": parquet_bytes(table)},
+             table_text(pq_one, "read_parquet", "filter: 'col(\"k\") >= 2'")),
+        Case("filter_is_not_null", {"d.parquet": parquet_bytes(table)},
+             table_text(pq_one, "read_parquet", "filter: 's is not null'")),
+        Case("parquet_convert", {"d.parquet": parquet_bytes(table)},
+             table_text(pq_one, "read_parquet",
                       "convert_column_types: [{columns: k, column_type: string}, "
                       "{columns: f, column_type: int}]")),
-        Case("parquet_drop_skip_take", {"d.parquet": _parquet(table)},
-             _mltable(pq_one, "read_parquet", "drop_columns: s", "skip: 1", "take: 2")),
+        Case("parquet_drop_skip_take", {"d.parquet": parquet_bytes(table)},
+             table_text(pq_one, "read_parquet", "drop_columns: s", "skip: 1", "take: 2")),
         Case("noheader_two_files", {"d/a.csv": b"1,x\n", "d/b.csv": b"2,y\n"},
-             _mltable("  - folder: ./d\n", "read_delimited: {header: no_header}")),
+             table_text("  - folder: ./d\n", "read_delimited: {header: no_header}")),
         Case("first_file_dup_headers", {"d/a.csv": b"a,a\n1,2\n", "d/b.csv": b"3,4\n"},
-             _mltable("  - folder: ./d\n", "read_delimited: {header: from_first_file}")),
+             table_text("  - folder: ./d\n", "read_delimited: {header: from_first_file}")),
         Case("late_odd_beyond_sample",
              {"d.csv": b"n,m\n" + b"".join(b"%d,%d\n" % (i, i) for i in range(1000))
               + b"bad,1.5\n"},
-             _mltable(one, "read_delimited")),
+             table_text(one, "read_delimited")),
         Case("file_level_skip", {"d/a.csv": b"a\n1\n", "d/b.csv": b"a\n2\n"},
-             _mltable("  - folder: ./d\n", "skip: 1", "read_delimited")),
+             table_text("  - folder: ./d\n", "skip: 1", "read_delimited")),
     ]  # fmt: skip
 
 
 def all_cases() -> list[Case]:
     cases = [
         *_more_cases(),
-        *_csv_cases(),
-        *_csv_variants(),
+        *csv_cases(),
+        *csv_variants(),
         *_step_cases(),
         *_conversion_cases(),
         *_json_cases(),
