@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from datamount.errors import DataError
 from datamount.mltable import load
 
 TEXT = ["00501", "1.50", "TRUE", "1e3", "2024-01-01", "07", "NA", "null", "-0", " 3 "]
@@ -62,3 +63,20 @@ def test_json_lines_keep_keys_first_seen_on_a_later_line(tmp_path: Path) -> None
     assert list(df.columns) == ["a", "b", "c"]
     assert df["b"].tolist()[1] == "x" and df["c"].tolist()[2] == 1.5
     assert df["a"].tolist()[:2] == [1, 2]
+
+
+def test_a_short_row_gets_nulls_in_any_block(tmp_path: Path) -> None:
+    rows = [f"{i},x{i},{i}.5" if i % 7 else f"{i},x{i}" for i in range(1, 60)]
+    folder = _table(
+        tmp_path, ("a,b,c\n" + "\n".join(rows) + "\n").encode(), "a.csv", "read_delimited"
+    )
+    df = load(str(folder), block_size=64).to_pandas_dataframe()
+    assert df["a"].tolist() == list(range(1, 60))
+    assert df["c"].isna().tolist() == [i % 7 == 0 for i in range(1, 60)]
+    (tmp_path / "a.csv").write_bytes(b"a,b\n1,2,3\n")  # a longer row: one line, naming the file
+    with pytest.raises(
+        DataError,
+        match=r"^MLTable .*/MLTable: transformations\[0\]\.read_delimited: "
+        r".*a\.csv \(paths\[0\]\): CSV parse error: Row #2: Expected 2 columns, got 3",
+    ):
+        load(str(folder)).to_pandas_dataframe()

@@ -43,6 +43,8 @@ CSV_DATA: dict[str, bytes] = {
     "header_only": b"a,b\n",
     "one_column": b"only\n1\n2\n",
     "wide_short_row": b"a,b,c\n1,2\n3,4,5\n",
+    "wide_long_row": b"a,b\n1,2,3\n4,5\n",
+    "short_quoted_row": b'a,b,c\n"x,y"\n1,2,3\n',
     "float_text": b"v\n1.0\n2.50\n1e-3\n",
     "all_empty_col": b"a,b\n1,\n2,\n",
 }
@@ -56,7 +58,7 @@ CSV_OPTION_SETS: dict[str, str] = {
 }
 CSV_MATRIX = {
     "default": list(CSV_DATA),
-    "noinfer": ["basic", "people", "text_like", "empties", "na_words", "dates", "zulu",
+    "noinfer": ["wide_short_row", "short_quoted_row", "basic", "people", "text_like", "empties", "na_words", "dates", "zulu",
                 "negatives", "spaces", "dup_headers", "quoted", "late_odd", "float_text"],
     "empty_str": ["basic", "empties", "na_words", "all_empty_col", "people", "empty_numeric"],
     "noheader": ["basic", "text_like", "dup_headers", "one_column"],

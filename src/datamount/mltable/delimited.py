@@ -11,6 +11,7 @@ consumer's thread.
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,12 +136,22 @@ def _csv_by_lines(
             if columns and not opts.infer_column_types
             else _text_columns(opts)
         )
-        table = pacsv.read_csv(
-            pa.py_buffer(block),
-            read_options=read,
-            parse_options=parse,
-            convert_options=_convert_options(opts, types),
-        )
+        convert_opts = _convert_options(opts, types)
+        try:
+            table = pacsv.read_csv(
+                pa.py_buffer(block), read_options=read, parse_options=parse,
+                convert_options=convert_opts,
+            )  # fmt: skip
+        except pa.ArrowInvalid as exc:
+            if "columns, got" not in str(exc):
+                raise
+            # A short row: padded with nulls, as Azure ML reads it.
+            width = len(columns or _first_line_names(block, encoding, parse, no_header))
+            padded = _pad_rows(block, codec, opts.delimiter, width)
+            table = pacsv.read_csv(
+                pa.py_buffer(padded), read_options=read, parse_options=parse,
+                convert_options=convert_opts,
+            )  # fmt: skip
         if columns is None:
             columns = (
                 [f"Column{i + 1}" for i in range(table.num_columns)]
@@ -153,6 +164,20 @@ def _csv_by_lines(
         yield from table.to_batches()
     if not rows and schema is not None:  # a header and no row: its columns still count
         yield _empty(schema)
+
+
+def _pad_rows(block: bytes, codec: str, delimiter: str, width: int) -> bytes:
+    """`block` (whole lines, one record each) with every row of fewer than
+    `width` fields given empty fields at its end."""
+    codec = "utf-8" if codec == "utf-8-sig" else codec  # a BOM stays where it is
+    out = []
+    for line in block.decode(codec).split("\n"):
+        body = line.removesuffix("\r")
+        fields = next(csv.reader([body], delimiter=delimiter), [])
+        if body and len(fields) < width:
+            line = body + delimiter * (width - len(fields)) + line[len(body) :]
+        out.append(line)
+    return "\n".join(out).encode(codec)
 
 
 def _first_line_names(block: bytes, encoding: str, parse: Any, no_header: bool) -> list[str]:
