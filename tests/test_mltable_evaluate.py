@@ -16,7 +16,7 @@ from azurite import KEY, SECOND, SECOND_KEY, Azurite
 from datamount.errors import DataError
 from datamount.mltable import MLTableError, evaluate, load
 from datamount.mltable.evalmode import evaluated_store
-from datamount.mltable.evaluate import sample_mask
+from datamount.mltable.evaluate import locate, sample_mask
 from datamount.storage.location import StorageKind
 from datamount.uris import parse
 from datamount.workspace import AssetVersion, Workspace
@@ -332,3 +332,38 @@ def test_local_mltable_may_reference_local_and_remote_files(
     ]
     df = load(table, ws).to_pandas_dataframe()
     assert df["x"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "subsetting",
+    ["take: 0", "skip: 5", "take_random_sample: {probability: 0.0, seed: 1}"],
+)
+@pytest.mark.parametrize("read", ["read_delimited", None])
+def test_an_evaluation_that_keeps_no_file_still_loads(
+    tmp_path: Path, subsetting: str, read: str | None
+) -> None:
+    """eval_download / eval_mount of an MLTable whose subsetting keeps no file:
+    the layout's MLTable loads as an empty table (it used to say `paths: []`,
+    which load rejects)."""
+    table = tmp_path / "tbl"
+    (table / "d").mkdir(parents=True)
+    (table / "d" / "a.csv").write_text("x\n1\n")
+    steps = [subsetting, read] if read else [subsetting]
+    (table / "MLTable").write_text(
+        "paths: [{folder: ./d}]\ntransformations:\n" + "".join(f"  - {s}\n" for s in steps)
+    )
+    location = locate(str(table), Workspace.empty, None)
+    store = evaluated_store(location, Workspace.empty(), counting_factory(Counts()))
+    layout = tmp_path / "layout"
+    layout.mkdir()
+    try:
+        for page in store.list_pages(""):
+            for obj in page.objects:
+                (layout / obj.key).parent.mkdir(parents=True, exist_ok=True)
+                (layout / obj.key).write_bytes(store.read(obj.key, 0, obj.size))
+    finally:
+        store.close()
+    assert sorted(p.name for p in layout.rglob("*") if p.is_file()) == ["MLTable"]
+    df = load(str(layout)).to_pandas_dataframe()
+    assert len(df) == 0
+    assert list(df.columns) == ([] if read else ["Path"])

@@ -2,8 +2,10 @@
 boolean or datetime.
 
 Text that does not parse as the target type becomes null (int, float,
-datetime), as Azure ML's error values do when a table is materialised;
-booleans follow `mismatch_as` (the default, like Azure ML's, is an error).
+datetime), as Azure ML's error values do when a table is materialised; int of
+a decimal text ("9.5") is truncated toward zero, as Azure ML does. Booleans
+follow `mismatch_as`; by default a value in neither list is an error (Azure ML
+nulls it: a deliberate difference, the value would be lost).
 Datetimes use Python's strptime formats (`%d/%m/%Y`, `%Y-%m-%dT%H:%M:%S.%f`,
 `%b`, `%p`, `%z` ...), tried in order; with no format, ISO 8601. Aware
 datetimes are converted to UTC. Pure functions; imports pyarrow and
@@ -42,7 +44,18 @@ def convert(array: pa.Array, conv: Conversion, column: str) -> pa.Array:
         if _is_text(t):
             valid = pc.match_substring_regex(array, _INT if kind == "int" else _FLOAT)
             cleaned = pc.if_else(valid, pc.utf8_trim_whitespace(array), pa.scalar(None, t))
-            return pc.cast(cleaned, target)
+            if kind == "float":
+                return pc.cast(cleaned, target)
+            # int of a decimal text ("9.5"): truncated toward zero, as Azure ML does
+            decimal = pc.and_(pc.invert(valid), pc.match_substring_regex(array, _FLOAT))
+            floats = pc.cast(
+                pc.if_else(decimal, pc.utf8_trim_whitespace(array), pa.scalar(None, t)),
+                pa.float64(),
+            )
+            floats = pc.if_else(
+                pc.is_finite(floats), pc.trunc(floats), pa.scalar(None, pa.float64())
+            )
+            return pc.coalesce(pc.cast(cleaned, target), pc.cast(floats, target, safe=False))
         if pa.types.is_null(t):
             return pa.nulls(len(array), target)
         if pa.types.is_floating(t) and kind == "int":  # NaN and inf have no integer: null

@@ -7,8 +7,12 @@ Grammar (keywords are case-insensitive):
     not_    := "not" not_ | compare
     compare := operand [ ("==" | "!=" | "<" | "<=" | ">" | ">=") operand
                        | "is" ["not"] "null" ]
-    operand := col("name") | name | "string" | 'string' | number
+    operand := primary ("." method "(" "string" ")")*
+    primary := col("name") | name | "string" | 'string' | number
              | true | false | null | "(" expr ")"
+             | datetime(year, month, day [, hour, minute, second])
+             | method "(" operand "," "string" ")"
+    method  := startswith
 
 A column is `col("name")` (Azure ML's form, any name) or a bare identifier
 (letters, digits, '_'). Strings take `\\"`-style escapes. Comparisons with a
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +37,7 @@ _TOKEN = re.compile(
     r"""\s*(?:
       (?P<num>[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
     | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
-    | (?P<op>==|!=|<=|>=|<|>|\(|\)|,)
+    | (?P<op>==|!=|<=|>=|<|>|\(|\)|,|\.)
     | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
     )""",
     re.VERBOSE,
@@ -46,6 +51,9 @@ _COMPARE = {
     ">=": pc.greater_equal,
 }
 KEYWORDS = {"and", "or", "not", "is", "null", "true", "false", "col"}
+# Azure ML's text function, as a method (`col("a").startswith("x")`) or a call
+# (its runtime rejects endswith and contains, so datamount does too)
+_TEXT_FUNCTIONS = {"startswith": pc.starts_with}
 
 
 class ExprError(ValueError):
@@ -87,7 +95,14 @@ class Not:
     operand: Expr
 
 
-Expr = Column | Literal | Compare | IsNull | BoolOp | Not
+@dataclass(frozen=True)
+class TextTest:
+    fn: str  # a key of _TEXT_FUNCTIONS
+    operand: Expr
+    pattern: str
+
+
+Expr = Column | Literal | Compare | IsNull | BoolOp | Not | TextTest
 
 
 def _tokens(text: str) -> list[tuple[str, str, int]]:
@@ -166,6 +181,52 @@ class _Parser:
         return left
 
     def operand(self) -> Expr:
+        node = self.primary()
+        while (tok := self._peek()) and tok[1] == ".":
+            self.i += 1
+            method = self._peek()
+            if method is None or method[1].lower() not in _TEXT_FUNCTIONS:
+                where = f"{method[1]!r} at position {method[2]}" if method else "the end"
+                raise ExprError(f"expected startswith, found {where}")
+            self.i += 1
+            self._expect("(")
+            node = TextTest(method[1].lower(), node, self._string())
+            self._expect(")")
+        return node
+
+    def _string(self) -> str:
+        tok = self._peek()
+        if tok is None or tok[0] != "str":
+            where = f"{tok[1]!r} at position {tok[2]}" if tok else "the end"
+            raise ExprError(f"expected a quoted string, found {where}")
+        self.i += 1
+        return _unquote(tok[1])
+
+    def _call(self, word: str) -> Expr:
+        """`datetime(2024, 1, 8)` or `startswith(col("a"), "x")` (after the name)."""
+        self._expect("(")
+        if word in _TEXT_FUNCTIONS:
+            operand = self.operand()
+            self._expect(",")
+            node: Expr = TextTest(word, operand, self._string())
+        else:
+            parts: list[int] = []
+            while (tok := self._peek()) and tok[0] == "num" and tok[1].lstrip("+-").isdigit():
+                parts.append(int(tok[1]))
+                self.i += 1
+                if not (tok := self._peek()) or tok[1] != ",":
+                    break
+                self.i += 1
+            if not 3 <= len(parts) <= 6:
+                raise ExprError("datetime(...) takes year, month, day [, hour, minute, second]")
+            try:
+                node = Literal(datetime(*parts))  # type: ignore[arg-type]
+            except ValueError as exc:
+                raise ExprError(f"datetime{tuple(parts)}: {exc}") from None
+        self._expect(")")
+        return node
+
+    def primary(self) -> Expr:
         tok = self._peek()
         if tok is None:
             raise ExprError("unexpected end of expression")
@@ -190,6 +251,9 @@ class _Parser:
                 self.i += 1
                 self._expect(")")
                 return Column(_unquote(name[1]))
+            nxt = self._peek()
+            if word in ("datetime", *_TEXT_FUNCTIONS) and nxt is not None and nxt[1] == "(":
+                return self._call(word)
             if word in ("true", "false"):
                 return Literal(word == "true")
             if word == "null":
@@ -210,6 +274,8 @@ def columns_of(node: Expr) -> set[str]:
         return set()
     if isinstance(node, Compare | BoolOp):
         return columns_of(node.left) | columns_of(node.right)
+    if isinstance(node, TextTest):
+        return columns_of(node.operand)
     return columns_of(node.operand)
 
 
@@ -245,6 +311,11 @@ def _eval(node: Expr, batch: pa.RecordBatch) -> Any:
         if isinstance(result, bool):
             result = pa.scalar(not result)
         return pc.invert(result) if node.negate else result
+    if isinstance(node, TextTest):
+        value = _eval(node.operand, batch)
+        if not (pa.types.is_string(value.type) or pa.types.is_large_string(value.type)):
+            raise ExprError(f"{node.fn} takes a text column, not {value.type}")
+        return _TEXT_FUNCTIONS[node.fn](value, pattern=node.pattern)
     if isinstance(node, BoolOp):
         fn = pc.and_kleene if node.op == "and" else pc.or_kleene
         return fn(_as_bool(_eval(node.left, batch)), _as_bool(_eval(node.right, batch)))

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from datamount.errors import DataError
-from datamount.mltable.model import MLTable
+from datamount.mltable.model import PARTITION_STEP, MLTable
 from datamount.storage.location import StorageKind, StorageLocation
 
 
@@ -87,11 +87,15 @@ def eval_mltable_text(table: MLTable, files: list[EvalFile]) -> str:
     layout: one `file: ./<eval_path>` entry per evaluated file, and the
     transformations from the read step on (file-level ones are already applied)."""
     first = next((i for i, s in enumerate(table.steps) if s.is_read), len(table.steps))
-    doc: dict[str, object] = {
-        "type": "mltable",
-        "paths": [{"file": f"./{f.eval_path}"} for f in files],
-    }
-    rest = [s.raw for s in table.steps[first:]]
+    leading = [s.raw for s in table.steps[:first] if s.name == PARTITION_STEP]
+    rest = [*leading, *(s.raw for s in table.steps[first:])]
+    paths = [{"file": f"./{f.eval_path}"} for f in files]
+    if not files:
+        # No file kept (`take: 0`, a sample that drew none): an MLTable must
+        # name a path, so name this MLTable file itself and keep none of it
+        # again; loading gives an empty table.
+        paths, rest = [{"file": "./MLTable"}], [{"take": 0}, *rest]
+    doc: dict[str, object] = {"type": "mltable", "paths": paths}
     if rest:
         doc["transformations"] = rest
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)

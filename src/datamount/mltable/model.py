@@ -10,106 +10,52 @@ key 'delimeter'`). Reading the file from storage is `evaluate.read_mltable`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from datamount.errors import InvalidInput
 from datamount.mltable import expr, patterns
+from datamount.mltable.options import (
+    CODECS,
+    BooleanType,
+    Conversion,
+    DatetimeType,
+    Encoding,
+    ReadDelimited,
+    ReadJsonLines,
+    ReadParquet,
+    TakeRandomSample,
+)
+from datamount.mltable.options import (
+    columns as _columns,
+)
+from datamount.mltable.options import (
+    conversions as _conversions,
+)
+from datamount.mltable.options import (
+    pydantic_message as _pydantic_message,
+)
+
+__all__ = [  # the option models live in options.py; re-exported for callers
+    "CODECS", "BooleanType", "Conversion", "DatetimeType", "Encoding", "MLTable",
+    "MLTableError", "PathEntry", "ReadDelimited", "ReadJsonLines", "ReadParquet", "Step",
+    "TakeRandomSample", "parse_mltable",
+]  # fmt: skip
 
 
 class MLTableError(InvalidInput):
     """The MLTable file is malformed (exit code 2, one line per problem)."""
 
 
-Encoding = Literal[
-    "utf8", "iso88591", "latin1", "ascii", "utf16", "utf32", "utf8bom", "windows1252"
-]
-# MLTable encoding names → Python codec names.
-CODECS = {
-    "utf8": "utf-8",
-    "iso88591": "iso-8859-1",
-    "latin1": "latin-1",
-    "ascii": "ascii",
-    "utf16": "utf-16",
-    "utf32": "utf-32",
-    "utf8bom": "utf-8-sig",
-    "windows1252": "cp1252",
-}
 READS = ("read_delimited", "read_parquet", "read_json_lines")
 FILE_STEPS = ("take", "skip", "take_random_sample")  # before a read step: on the file list
 PATH_KINDS = ("file", "folder", "pattern")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ReadDelimited(_Strict):
-    delimiter: str = ","
-    header: Literal[
-        "all_files_same_headers", "from_first_file", "all_files_different_headers", "no_header"
-    ] = "all_files_same_headers"
-    encoding: Encoding = "utf8"
-    empty_as_string: bool = False
-    include_path_column: bool = False
-    path_column: str = "Path"
-    support_multi_line: bool = False
-    infer_column_types: bool = True
-
-    @field_validator("delimiter")
-    @classmethod
-    def _one_char(cls, v: str) -> str:
-        if len(v) != 1:
-            raise ValueError(f"delimiter must be one character, got {v!r}")
-        return v
-
-
-class ReadParquet(_Strict):
-    include_path_column: bool = False
-    path_column: str = "Path"
-
-
-class ReadJsonLines(_Strict):
-    encoding: Encoding = "utf8"
-    invalid_lines: Literal["error", "drop"] = "error"
-    include_path_column: bool = False
-    path_column: str = "Path"
-
-
-class TakeRandomSample(_Strict):
-    probability: float = Field(ge=0.0, le=1.0)
-    seed: int | None = None
-
-
-class DatetimeType(_Strict):
-    formats: list[str] = Field(default_factory=list)
-    date_constant: str | None = None
-
-    @field_validator("formats", mode="before")
-    @classmethod
-    def _listify(cls, v: Any) -> Any:
-        return [v] if isinstance(v, str) else v
-
-
-class BooleanType(_Strict):
-    true_values: list[str] = Field(default_factory=lambda: ["true", "True", "TRUE", "1"])
-    false_values: list[str] = Field(default_factory=lambda: ["false", "False", "FALSE", "0"])
-    mismatch_as: Literal["true", "false", "error"] | None = None
-
-
-ColumnType = Literal["int", "float", "string", "boolean", "datetime"]
-
-
-class Conversion(_Strict):
-    """One `convert_column_types` item: `columns` (a name or a list) to `column_type`."""
-
-    columns: list[str]
-    column_type: ColumnType
-    datetime: DatetimeType | None = None
-    boolean: BooleanType | None = None
+# May come before the read step too (the SDK writes it there): its columns come first.
+PARTITION_STEP = "extract_columns_from_partition_format"
 
 
 @dataclass(frozen=True)
@@ -127,7 +73,8 @@ class Step:
 
     read_delimited → ReadDelimited, read_parquet → ReadParquet, read_json_lines
     → ReadJsonLines, take / skip → int, take_random_sample → TakeRandomSample,
-    keep_columns / drop_columns → list[str], convert_column_types →
+    keep_columns / drop_columns → list[str] or re.Pattern ({pattern: <regex>}),
+    convert_column_types →
     list[Conversion], filter → expr.Expr, extract_columns_from_partition_format
     → patterns.PartitionFormat.
     """
@@ -164,10 +111,18 @@ class MLTable:
         return out
 
     def row_steps(self) -> list[Step]:
-        """Every step after the first read step (applied to rows)."""
+        """Every step after the first read step (applied to rows), after the
+        partition steps written before the read step (as the SDK writes them)."""
         steps = list(self.steps)
         first = next((i for i, s in enumerate(steps) if s.is_read), None)
-        return [] if first is None else steps[first + 1 :]
+        if first is None:
+            return []
+        return [s for s in steps[:first] if s.name == PARTITION_STEP] + steps[first + 1 :]
+
+    def leads(self, step: Step) -> bool:
+        """Whether `step` comes before the read step (its columns go first)."""
+        read = self.read_step
+        return read is not None and self.steps.index(step) < self.steps.index(read)
 
 
 TOP_KEYS = {"$schema", "type", "paths", "transformations", "traits", "metadata"}
@@ -204,7 +159,7 @@ def parse_mltable(text: str, source: str) -> MLTable:
     for step in steps:
         if step.is_read:
             break
-        if step.name not in FILE_STEPS:
+        if step.name not in (*FILE_STEPS, PARTITION_STEP):
             place = "after the read_* transformation" if reads else "after a read_* transformation"
             raise fail(f"{step.where}: {step.name} works on columns: it must come {place}")
     return MLTable(source, paths, steps)
@@ -253,15 +208,6 @@ def _step(item: Any, where: str, fail: _Failer) -> Step:
         raise fail(f"{at}: {exc}") from None
 
 
-def _pydantic_message(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    if err["type"] == "extra_forbidden":
-        return f"unknown key {loc!r}"
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc else msg
-
-
 def _options(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
@@ -276,65 +222,30 @@ def _count(value: Any) -> int:
     return value
 
 
-def _columns(value: Any) -> list[str]:
-    cols = [value] if isinstance(value, str) else value
-    if not isinstance(cols, list) or not cols or not all(isinstance(c, str) for c in cols):
-        raise ValueError(f"expected a column name or a list of column names, got {value!r}")
-    if len(set(cols)) != len(cols):
-        raise ValueError(f"duplicate column in {cols!r}")
-    return list(cols)
-
-
-def _conversions(value: Any) -> list[Conversion]:
-    items = value if isinstance(value, list) else [value]
-    out = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise ValueError(f"[{i}]: expected a mapping with columns and column_type")
-        unknown = sorted(set(item) - {"columns", "column_type"})
-        if unknown:
-            raise ValueError(f"[{i}]: unknown key {unknown[0]!r}")
-        if "columns" not in item or "column_type" not in item:
-            raise ValueError(f"[{i}]: needs both columns and column_type")
-        try:
-            columns = _columns(item["columns"])
-        except ValueError as exc:
-            raise ValueError(f"[{i}].columns: {exc}") from None
-        ctype = item["column_type"]
-        fields: dict[str, Any] = {"columns": columns}
-        if isinstance(ctype, dict) and len(ctype) == 1:
-            ((kind, opts),) = ctype.items()
-            if kind not in ("datetime", "boolean"):
-                raise ValueError(
-                    f"[{i}].column_type: only datetime and boolean take options, not {kind!r}"
-                )
-            fields.update(column_type=kind, **{kind: opts or {}})
-        elif isinstance(ctype, str):
-            fields["column_type"] = ctype
-        else:
-            raise ValueError(f"[{i}].column_type: expected a type name or one-key mapping")
-        try:
-            conv = Conversion.model_validate(fields)
-        except ValidationError as exc:
-            raise ValueError(f"[{i}].{_pydantic_message(exc)}") from None
-        if conv.column_type == "datetime" and conv.datetime is None:
-            conv = conv.model_copy(update={"datetime": DatetimeType()})
-        if conv.column_type == "boolean" and conv.boolean is None:
-            conv = conv.model_copy(update={"boolean": BooleanType()})
-        out.append(conv)
-    return out
-
-
 def _partition(value: Any) -> patterns.PartitionFormat:
     # Written as a string, as {partition_format: ...}, or as the docs' flow
     # mapping `{timestamp:yyyy/MM/dd}`, which YAML reads as {'timestamp:yyyy/MM/dd': None}.
-    if isinstance(value, dict) and set(value) == {"partition_format"}:
+    # The SDK writes {partition_format, ignore_errors, path_column}.
+    if isinstance(value, dict) and "partition_format" in value:
+        unknown = sorted(set(value) - {"partition_format", "ignore_errors", "path_column"})
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r}")
         value = value["partition_format"]
     elif isinstance(value, dict) and len(value) == 1 and next(iter(value.values())) is None:
         value = "{" + str(next(iter(value))) + "}"
     if not isinstance(value, str) or not value:
         raise ValueError(f"expected a partition format such as '{{year}}/{{month}}/': {value!r}")
     return patterns.PartitionFormat.parse(value)
+
+
+def _selector(value: Any) -> list[str] | re.Pattern[str]:
+    """Column names, or `{pattern: <regex>}`: every column the regex finds in."""
+    if isinstance(value, dict) and set(value) == {"pattern"}:
+        try:
+            return re.compile(str(value["pattern"]))
+        except re.error as exc:
+            raise ValueError(f"pattern {value['pattern']!r}: {exc}") from None
+    return _columns(value)
 
 
 def _filter(value: Any) -> expr.Expr:
@@ -350,8 +261,8 @@ _PARSERS: dict[str, Any] = {
     "take": _count,
     "skip": _count,
     "take_random_sample": lambda v: TakeRandomSample.model_validate(_options(v)),
-    "keep_columns": _columns,
-    "drop_columns": _columns,
+    "keep_columns": _selector,
+    "drop_columns": _selector,
     "convert_column_types": _conversions,
     "filter": _filter,
     "extract_columns_from_partition_format": _partition,

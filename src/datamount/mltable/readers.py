@@ -2,9 +2,9 @@
 
 Every file is read through its ObjectStore (`StoreFile`: a seekable raw file
 over bounded ranged reads pinned to the etag seen when listing), so remote
-and local files take the same path and nothing is downloaded whole: CSV and
-JSON lines are parsed block by block (`block_size`, 1 MiB by default) and
-parquet row group by row group. Consumers pull batches; when they stop (a
+and local files take the same path and nothing is downloaded whole: JSON
+lines are parsed block by block (`block_size`, 1 MiB by default), parquet row
+group by row group, and delimited text in delimited.py. Consumers pull batches; when they stop (a
 `take` is satisfied) no further block is fetched.
 """
 
@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from datamount.errors import DataError, StorageError
 from datamount.mltable.layout import EvalFile
-from datamount.mltable.model import CODECS, ReadDelimited, ReadJsonLines, ReadParquet
+from datamount.mltable.model import CODECS, ReadJsonLines, ReadParquet
 from datamount.storage.base import ObjectStore
 
 BLOCK_SIZE = 1 << 20  # 1 MiB: pyarrow's default CSV block; a `take: 10` costs one request
@@ -80,190 +79,23 @@ def open_file(file: EvalFile, store: ObjectStore, block_size: int) -> io.Buffere
     return io.BufferedReader(raw, buffer_size=block_size)
 
 
-def _with_path(batch: pa.RecordBatch, name: str | None, file: EvalFile) -> pa.RecordBatch:
+def with_path(batch: pa.RecordBatch, name: str | None, file: EvalFile) -> pa.RecordBatch:
+    """The path column first, as Azure ML puts it."""
     if name is None:
         return batch
     value = pa.array([file.uri] * batch.num_rows, pa.string())
     names = [n for n in batch.schema.names if n != name]
     arrays = [batch.column(n) for n in names]
-    return pa.RecordBatch.from_arrays([*arrays, value], names=[*names, name])
+    return pa.RecordBatch.from_arrays([value, *arrays], names=[name, *names])
 
 
 class ReadError(DataError):
     """A file could not be read or parsed; tabular.py adds the MLTable and step."""
 
 
-def _fail(file: EvalFile, exc: Exception | str) -> ReadError:
+def fail(file: EvalFile, exc: Exception | str) -> ReadError:
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return ReadError(f"{file.uri} ({file.entry}): {first_line}")
-
-
-# -- delimited text -----------------------------------------------------------
-
-
-def read_delimited(
-    opts: ReadDelimited, files: list[EvalFile], store_of: StoreOf, block_size: int
-) -> Iterator[Chunk]:
-    path_col = opts.path_column if opts.include_path_column else None
-    first_names: list[str] | None = None
-    for index, file in enumerate(files):
-        header = opts.header
-        names = first_names if header == "from_first_file" and index > 0 else None
-        for batch in _csv_batches(opts, file, store_of(file), block_size, names):
-            if header == "from_first_file" and first_names is None:
-                first_names = list(batch.schema.names)
-            yield Chunk(_with_path(batch, path_col, file), file)
-
-
-def _csv_batches(
-    opts: ReadDelimited,
-    file: EvalFile,
-    store: ObjectStore,
-    block_size: int,
-    names: list[str] | None,
-) -> Iterator[pa.RecordBatch]:
-    if file.size == 0:
-        return
-    codec = CODECS[opts.encoding]
-    try:
-        if opts.support_multi_line or codec in ("utf-16", "utf-32"):
-            yield from _csv_streaming(opts, file, store, block_size, names)
-        else:
-            yield from _csv_by_lines(opts, file, store, block_size, names)
-    except (pa.ArrowInvalid, StorageError, UnicodeError) as exc:
-        raise _fail(file, exc) from None
-
-
-def _convert_options(opts: ReadDelimited, types: dict[str, pa.DataType] | None) -> Any:
-    return pacsv.ConvertOptions(
-        strings_can_be_null=not opts.empty_as_string,
-        quoted_strings_can_be_null=not opts.empty_as_string,
-        column_types=types,
-    )
-
-
-def _line_blocks(raw: StoreFile, block_size: int) -> Iterator[bytes]:
-    """The file in ~block_size pieces cut after a newline: one ranged read
-    per block, and a block is read only when the previous one was consumed."""
-    carry = b""
-    while True:
-        data = raw.read(block_size)
-        if not data:
-            if carry:  # a last line with no newline: Arrow reads a lone header line
-                yield carry + b"\n"  # without one as an empty file (no columns)
-            return
-        buf = carry + data
-        cut = buf.rfind(b"\n") + 1
-        if cut:
-            yield buf[:cut]
-        carry = buf[cut:]
-
-
-def _csv_by_lines(
-    opts: ReadDelimited,
-    file: EvalFile,
-    store: ObjectStore,
-    block_size: int,
-    names: list[str] | None,
-) -> Iterator[pa.RecordBatch]:
-    """Parse each block of whole lines on its own (types inferred per block,
-    unified when the table is assembled). Arrow's own streaming reader reads
-    ahead on a background thread (2-4 MiB measured past a satisfied take);
-    this fetches exactly the blocks the consumer pulls. Valid when a newline
-    byte always ends a record: no quoted line breaks, a byte-oriented encoding."""
-    codec = CODECS[opts.encoding]
-    encoding = "utf8" if codec == "utf-8-sig" else codec  # Arrow drops a UTF-8 BOM
-    parse = pacsv.ParseOptions(delimiter=opts.delimiter)
-    no_header = opts.header == "no_header"
-    raw = StoreFile(store, file.key, file.size, file.etag or None)
-    columns = names
-    schema: pa.Schema | None = None  # of the last block, for a file with no rows
-    rows = False
-    for block in _line_blocks(raw, block_size):
-        read = pacsv.ReadOptions(
-            use_threads=False,
-            encoding=encoding,
-            block_size=len(block) + 1,
-            column_names=columns,
-            autogenerate_column_names=no_header and columns is None,
-        )
-        types = (
-            {n: pa.string() for n in columns} if columns and not opts.infer_column_types else None
-        )
-        table = pacsv.read_csv(
-            pa.py_buffer(block),
-            read_options=read,
-            parse_options=parse,
-            convert_options=_convert_options(opts, types),
-        )
-        if columns is None:
-            columns = (
-                [f"Column{i + 1}" for i in range(table.num_columns)]
-                if no_header
-                else list(table.schema.names)
-            )
-            table = table.rename_columns(columns)
-            if not opts.infer_column_types:
-                table = table.cast(pa.schema([(n, pa.string()) for n in columns]))
-        schema, rows = table.schema, rows or table.num_rows > 0
-        yield from table.to_batches()
-    if not rows and schema is not None:  # a header and no row: its columns still count
-        yield _empty(schema)
-
-
-def _csv_streaming(
-    opts: ReadDelimited,
-    file: EvalFile,
-    store: ObjectStore,
-    block_size: int,
-    names: list[str] | None,
-) -> Iterator[pa.RecordBatch]:
-    """Arrow's streaming reader: for quoted line breaks and UTF-16/32 text."""
-    no_header = opts.header == "no_header"
-    read = pacsv.ReadOptions(
-        block_size=block_size,
-        use_threads=False,
-        encoding=CODECS[opts.encoding],
-        column_names=names,
-        autogenerate_column_names=no_header and names is None,
-    )
-    parse = pacsv.ParseOptions(delimiter=opts.delimiter, newlines_in_values=opts.support_multi_line)
-
-    def reader(types: dict[str, pa.DataType] | None) -> Any:
-        return pacsv.open_csv(
-            open_file(file, store, block_size),
-            read_options=read,
-            parse_options=parse,
-            convert_options=_convert_options(opts, types),
-        )
-
-    csv = reader(None)
-    # A column empty in the first block is inferred as null and would fail
-    # on the first value later: read it as text (also when inference is off).
-    inferred = csv.schema  # a column with no value yet is null-typed here
-    loose = [f.name for f in csv.schema if pa.types.is_null(f.type) or not opts.infer_column_types]
-    if loose:
-        csv.close()
-        csv = reader({n: pa.string() for n in loose})
-    rename = [f"Column{i + 1}" for i in range(len(csv.schema))] if no_header else None
-    rows = False
-    with csv:
-        for batch in csv:
-            if rename is not None:
-                batch = pa.RecordBatch.from_arrays(batch.columns, names=rename)
-            rows = rows or batch.num_rows > 0
-            yield batch
-        if not rows:  # a header and no row: its columns still count, typed as no value
-            schema = inferred if opts.infer_column_types else csv.schema
-            if rename is not None:
-                schema = pa.schema([f.with_name(n) for f, n in zip(schema, rename, strict=True)])
-            yield _empty(schema)
-
-
-def _empty(schema: pa.Schema) -> pa.RecordBatch:
-    """A batch with `schema`'s columns and no rows (Arrow yields no batch at all
-    for a CSV file that has a header only, and its columns would be lost)."""
-    return pa.RecordBatch.from_pylist([], schema=schema)
 
 
 # -- parquet ----------------------------------------------------------------
@@ -277,9 +109,9 @@ def read_parquet(
         try:
             with pq.ParquetFile(open_file(file, store_of(file), block_size)) as pf:
                 for batch in pf.iter_batches(batch_size=65_536, use_threads=False):
-                    yield Chunk(_with_path(batch, path_col, file), file)
+                    yield Chunk(with_path(batch, path_col, file), file)
         except (pa.ArrowInvalid, StorageError, OSError) as exc:
-            raise _fail(file, exc) from None
+            raise fail(file, exc) from None
 
 
 # -- JSON lines ---------------------------------------------------------------
@@ -291,7 +123,14 @@ def read_json_lines(
     path_col = opts.path_column if opts.include_path_column else None
     for file in files:
         for batch in _json_batches(opts, file, store_of(file), block_size):
-            yield Chunk(_with_path(batch, path_col, file), file)
+            yield Chunk(with_path(batch, path_col, file), file)
+
+
+def _json_batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
+    """Rows as one batch whose columns are every key of every row, in the
+    order first seen (`RecordBatch.from_pylist` takes the first row's keys
+    only and drops the rest silently); a row without a key gets null there."""
+    return pa.RecordBatch.from_struct_array(pa.array(rows))
 
 
 def _json_batches(
@@ -313,12 +152,12 @@ def _json_batches(
                     if opts.invalid_lines == "drop":
                         continue
                     msg = f"line {number}: invalid JSON ({exc}); set invalid_lines: drop to skip"
-                    raise _fail(file, msg) from None
+                    raise fail(file, msg) from None
                 rows.append(row)
                 if len(rows) >= JSON_BATCH_ROWS:
-                    yield pa.RecordBatch.from_pylist(rows)
+                    yield _json_batch(rows)
                     rows = []
         if rows:
-            yield pa.RecordBatch.from_pylist(rows)
+            yield _json_batch(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError, StorageError, UnicodeError) as exc:
-        raise _fail(file, exc) from None
+        raise fail(file, exc) from None

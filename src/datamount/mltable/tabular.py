@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datamount.errors import DataError
-from datamount.mltable import convert, expr, readers
+from datamount.mltable import convert, delimited, expr, readers
 from datamount.mltable.evaluate import (
     StoreFactory,
     Stores,
@@ -115,6 +116,11 @@ class TabularMLTable:
             return pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             pass
+        tables = _bool_as_number_where_mixed(tables)
+        try:
+            return pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
         try:  # files (or blocks) inferred different types for a column: keep its text
             return pa.concat_tables(_as_text_where_mixed(tables), promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
@@ -143,15 +149,41 @@ class TabularMLTable:
             f"MLTable {table.source}: {read.where}.{read.name}",
         )
         for step in table.row_steps():
-            chunks = _apply(step, chunks, table.source)
+            chunks = _apply(step, chunks, table.source, table.leads(step))
         return _stream(chunks)
 
 
 _READERS: dict[str, Callable[..., Iterator[Chunk]]] = {
-    "read_delimited": readers.read_delimited,
+    "read_delimited": delimited.read_delimited,
     "read_parquet": readers.read_parquet,
     "read_json_lines": readers.read_json_lines,
 }
+
+
+def _bool_as_number_where_mixed(tables: list[pa.Table]) -> list[pa.Table]:
+    """A column boolean in some tables (a block of 0s and 1s only) and int or
+    float in others: its booleans as 0 and 1."""
+    kinds: dict[str, set[pa.DataType]] = {}
+    for t in tables:
+        for f in t.schema:
+            if not pa.types.is_null(f.type):
+                kinds.setdefault(f.name, set()).add(f.type)
+    number = (pa.types.is_integer, pa.types.is_floating)
+    mixed = {
+        name
+        for name, types in kinds.items()
+        if pa.bool_() in types
+        and all(t == pa.bool_() or any(f(t) for f in number) for t in types)
+        and len(types) > 1
+    }
+    out = []
+    for t in tables:
+        for name in mixed & set(t.schema.names):
+            i = t.schema.get_field_index(name)
+            if pa.types.is_boolean(t.schema.field(i).type):
+                t = t.set_column(i, name, pc.cast(t.column(i), pa.int64()))
+        out.append(t)
+    return out
 
 
 def _as_text_where_mixed(tables: list[pa.Table]) -> list[pa.Table]:
@@ -172,7 +204,10 @@ def _as_text_where_mixed(tables: list[pa.Table]) -> list[pa.Table]:
     for t in tables:
         for name in mixed & set(t.schema.names):
             i = t.schema.get_field_index(name)
-            t = t.set_column(i, name, pc.cast(t.column(i), pa.string()))
+            column = t.column(i)
+            if t.schema.field(i).metadata == delimited.ZERO_ONE:  # read as 0/1: "1", not "true"
+                column = pc.cast(column, pa.int64())
+            t = t.set_column(i, name, pc.cast(column, pa.string()))
         out.append(t)
     return out
 
@@ -189,7 +224,7 @@ def _stream(chunks: Iterator[Chunk]) -> Generator[Chunk, None, None]:
     yield from chunks
 
 
-def _apply(step: Step, chunks: Iterator[Chunk], source: str) -> Iterator[Chunk]:
+def _apply(step: Step, chunks: Iterator[Chunk], source: str, leads: bool) -> Iterator[Chunk]:
     where = f"MLTable {source}: {step.where}.{step.name}"
     if step.name == "take":
         return _take(chunks, step.args)
@@ -197,7 +232,7 @@ def _apply(step: Step, chunks: Iterator[Chunk], source: str) -> Iterator[Chunk]:
         return _skip(chunks, step.args)
     if step.name == "take_random_sample":
         return _sample(chunks, step.args.probability, step.args.seed)
-    return _map(step, chunks, where)
+    return _map(step, chunks, where, leads)
 
 
 def _take(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
@@ -243,10 +278,10 @@ def _sample(chunks: Iterator[Chunk], probability: float, seed: int | None) -> It
         yield Chunk(chunk.batch.filter(pa.array(keep)), chunk.file)
 
 
-def _map(step: Step, chunks: Iterator[Chunk], where: str) -> Iterator[Chunk]:
+def _map(step: Step, chunks: Iterator[Chunk], where: str, leads: bool) -> Iterator[Chunk]:
     for chunk in chunks:
         try:
-            batch = _transform(step, chunk, where)
+            batch = _transform(step, chunk, where, leads)
         except (expr.ExprError, convert.ConversionError) as exc:
             raise DataError(f"{where}: {exc}") from None
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -254,41 +289,40 @@ def _map(step: Step, chunks: Iterator[Chunk], where: str) -> Iterator[Chunk]:
         yield Chunk(batch, chunk.file)
 
 
-def _columns(batch: pa.RecordBatch, wanted: list[str], where: str) -> None:
-    missing = [c for c in wanted if c not in batch.schema.names]
-    if missing:
-        have = ", ".join(batch.schema.names)
-        raise DataError(f"{where}: no column {missing[0]!r} (columns: {have})")
-
-
-def _transform(step: Step, chunk: Chunk, where: str) -> pa.RecordBatch:
+def _transform(step: Step, chunk: Chunk, where: str, leading: bool) -> pa.RecordBatch:
     batch = chunk.batch
     names = batch.schema.names
-    if step.name == "keep_columns":
-        _columns(batch, step.args, where)
-        return batch.select(step.args)
-    if step.name == "drop_columns":
-        _columns(batch, step.args, where)
-        return batch.select([n for n in names if n not in step.args])
+    # keep / drop / convert skip a column the table lacks, as Azure ML does
+    # (nothing is lost: there is no such data); keep_columns keeps table order.
+    if step.name in ("keep_columns", "drop_columns"):
+        sel = step.args
+        hit = [bool(sel.search(n)) if isinstance(sel, re.Pattern) else n in sel for n in names]
+        keep = step.name == "keep_columns"
+        return batch.select([n for n, h in zip(names, hit, strict=True) if h == keep])
     if step.name == "filter":
         return batch.filter(expr.mask(step.args, batch), null_selection_behavior="drop")
     if step.name == "convert_column_types":
         arrays = dict(zip(names, batch.columns, strict=True))
         for conv in step.args:
-            _columns(batch, conv.columns, where)
-            for col in conv.columns:
+            for col in (c for c in conv.columns if c in arrays):
                 arrays[col] = convert.convert(arrays[col], conv, col)
         return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
     if step.name == "extract_columns_from_partition_format":
-        return _partition_columns(batch, step.args, chunk.file)
+        return _partition_columns(batch, step.args, chunk.file, leading)
     raise AssertionError(f"unhandled transformation {step.name}")  # the parser rejects others
 
 
-def _partition_columns(batch: pa.RecordBatch, fmt: PartitionFormat, file: EvalFile) -> Any:
+def _partition_columns(
+    batch: pa.RecordBatch, fmt: PartitionFormat, file: EvalFile, leading: bool
+) -> Any:
+    """The partition columns (the path's text, or a datetime) added to `batch`:
+    first when the step came before the read step (Azure ML's order), else last."""
     values = fmt.extract(file.path) or {}
     n = batch.num_rows
-    arrays = dict(zip(batch.schema.names, batch.columns, strict=True))
+    parts = {}
     for name, dt_format in fmt.columns:
         kind = pa.string() if dt_format is None else convert.TIMESTAMP
-        arrays[name] = pa.array([values.get(name)] * n, kind)
+        parts[name] = pa.array([values.get(name)] * n, kind)
+    data = {n: c for n, c in zip(batch.schema.names, batch.columns, strict=True) if n not in parts}
+    arrays = {**parts, **data} if leading else {**data, **parts}
     return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
