@@ -20,6 +20,7 @@ from datamount.uris import LocationKind
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DS = "azureml://datastores/workspaceblobstore/paths/x/"
 
+MODELS = ("mlflow_model", "custom_model", "triton_model")
 # The table, written out independently of the code under test (DESIGN.md §1).
 TABLE = {
     ("input", "uri_file"): {"download", "ro_mount", "direct"},
@@ -28,6 +29,9 @@ TABLE = {
     ("output", "uri_file"): {"upload", "rw_mount", "direct"},
     ("output", "uri_folder"): {"upload", "rw_mount", "direct"},
     ("output", "mltable"): {"upload", "rw_mount", "direct"},
+    # Model types (azure-ai-ml's ModelInputSchema and OutputSchema): folders.
+    **{("input", m): {"download", "ro_mount", "direct"} for m in MODELS},
+    **{("output", m): {"upload", "rw_mount", "direct"} for m in MODELS},
 }
 
 
@@ -166,7 +170,8 @@ def test_all_problems_reported_at_once() -> None:
     [
         (
             {"inputs": {"a": {"type": "csv", "path": DS}}},
-            "inputs.a.type: 'csv' is not a data type; allowed: uri_file, uri_folder, mltable",
+            "inputs.a.type: 'csv' is not a data type; allowed: uri_file, uri_folder, mltable, "
+            "mlflow_model, custom_model, triton_model",
         ),
         (
             {"inputs": {"a": {"type": "uri_file"}}},
@@ -179,7 +184,8 @@ def test_all_problems_reported_at_once() -> None:
         ),
         (
             {"outputs": {"o": {"path": DS, "name": "bad name"}}},
-            "outputs.o.name: 'bad name' is not a data asset name (letters, digits, '_', '-', '.')",
+            "outputs.o.name: 'bad name' is not a data asset name (letters, digits, '-' and '_' "
+            "(no '.'), at most 255 characters)",
         ),
         (
             {"outputs": {"o": {"path": DS, "name": "m", "version": 1.10}}},

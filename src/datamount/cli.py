@@ -46,23 +46,50 @@ log = logging.getLogger("datamount.cli")
 PROG = "datamount"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+# The options every command takes, before or after the command's name
+# (`datamount --cache-dir X validate SPEC`); after it wins.
+GLOBAL_OPTIONS = ("workspace", "log_dir", "cache_dir")
+
+
+def _add_global_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    parser.add_argument(
         "--workspace",
+        dest=f"{prefix}workspace",
         metavar="FILE",
         help="workspace registry (default: $DATAMOUNT_WORKSPACE, else ./configs/workspace.yaml)",
     )
-    common.add_argument(
-        "--log-dir", metavar="DIR", help="log folder (default: $DATAMOUNT_LOG_DIR, else CACHE/logs)"
+    parser.add_argument(
+        "--log-dir",
+        dest=f"{prefix}log_dir",
+        metavar="DIR",
+        help="log folder (default: $DATAMOUNT_LOG_DIR, else CACHE/logs)",
     )
-    common.add_argument(
-        "--cache-dir", metavar="DIR", help="cache folder (default: $DATAMOUNT_CACHE_DIR)"
+    parser.add_argument(
+        "--cache-dir",
+        dest=f"{prefix}cache_dir",
+        metavar="DIR",
+        help="cache folder (default: $DATAMOUNT_CACHE_DIR)",
     )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, global options given before the command merged in."""
+    args = build_parser().parse_args(argv)
+    for name in GLOBAL_OPTIONS:
+        before = getattr(args, f"global_{name}", None)
+        if getattr(args, name, None) is None and before is not None:
+            setattr(args, name, before)
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _add_global_options(common)
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="A per-node data runtime for ML training jobs (Azure ML inputs and outputs).",
     )
+    _add_global_options(parser, prefix="global_")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -197,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.command == "run":
         return _run_job(args)
     try:

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from datamount import modes
+from datamount import jobenv, modes
+from datamount.catalog import kind_of
 from datamount.context import Context, all_entries
 from datamount.errors import (
     EXIT_DATA,
@@ -45,10 +46,11 @@ from datamount.errors import (
     InvalidInput,
     SpecError,
 )
+from datamount.jobenv import substitute
 from datamount.log import activity
 from datamount.modes.upload import register_output
 from datamount.mount import outputs, table
-from datamount.spec import REFERENCE, DataInput, JobSpec, LiteralInput, Mode
+from datamount.spec import DataInput, JobSpec, LiteralInput, Mode
 
 log = logging.getLogger("datamount.run")
 
@@ -92,11 +94,12 @@ def check(ctx: Context, spec: JobSpec) -> None:
                 f"({ctx.workspace_path()} not found)"
             )
         elif entry.asset_name and entry.asset_version and workspace is not None:
-            known = workspace.config.data_assets.get(entry.asset_name, [])
+            kind = kind_of(entry.type.value)
+            known = workspace.versions(entry.asset_name, kind)
             if any(v.version == entry.asset_version for v in known):
                 problems.append(
-                    f"{where}: data asset {entry.asset_name}:{entry.asset_version} "
-                    "is already registered"
+                    f"{where}: {'model' if kind == 'model' else 'data asset'} "
+                    f"{entry.asset_name}:{entry.asset_version} is already registered"
                 )
     pinned = [f"{o.asset_name}:{o.asset_version}" for o in spec.outputs.values() if o.asset_version]
     for asset in sorted({a for a in pinned if pinned.count(a) > 1}):
@@ -133,34 +136,6 @@ def code_dir(spec: JobSpec) -> Path | None:
     return (base / os.path.expanduser(spec.code)).resolve()
 
 
-OPTIONAL_BLOCK = re.compile(r"\$\[\[(.*?)\]\]", re.DOTALL)
-
-
-def substitute(command: str, values: dict[str, str]) -> str:
-    """Replace every `${{inputs.x}}` / `${{outputs.y}}` by its value.
-
-    `$[[ ... ]]` blocks (Azure ML's optional-argument syntax) are kept, without
-    the brackets, when every reference inside has a value, and dropped
-    otherwise (an optional input left out). A reference outside such a block
-    without a value is a SpecError."""
-
-    def block(match: re.Match[str]) -> str:
-        inner = match.group(1)
-        refs = REFERENCE.findall(inner)
-        return inner if all(ref in values for ref in refs) else ""
-
-    def value(match: re.Match[str]) -> str:
-        ref = match.group(1)
-        if ref not in values:
-            raise SpecError(
-                f"command: ${{{{{ref}}}}} has no value (an optional input left out is only "
-                "allowed inside $[[...]])"
-            )
-        return values[ref]
-
-    return REFERENCE.sub(value, OPTIONAL_BLOCK.sub(block, command))
-
-
 class JobRun:
     """One run of one job in `workdir` (created by the caller)."""
 
@@ -185,7 +160,17 @@ class JobRun:
 
     def run(self) -> int:
         """The whole run; returns its exit code (the command's own, or
-        EXIT_DATA / EXIT_OUTPUTS)."""
+        EXIT_DATA / EXIT_OUTPUTS). A run whose command started is recorded
+        in the run history (jobenv.record_run)."""
+        code = self._run()
+        if self._child is not None:
+            try:
+                jobenv.record_run(self.ctx, self.spec, code)
+            except DatamountError as exc:
+                self.say(f"the run history could not be written: {exc}")
+        return code
+
+    def _run(self) -> int:
         with activity("run", job=self.spec.name, workdir=self.workdir), self._signals():
             try:
                 self._prepare_all()
@@ -199,7 +184,7 @@ class JobRun:
             values = self._values()
             command = substitute(self.spec.command or "", values)
             try:
-                code = self._execute(command)
+                code = self._execute(command, values)
             finally:
                 # From here on a signal no longer interrupts: the job's outputs
                 # are written and its mounts undone first (each bounded by its
@@ -277,7 +262,7 @@ class JobRun:
 
     # -- the command -----------------------------------------------------------
 
-    def _execute(self, command: str) -> int:
+    def _execute(self, command: str, values: dict[str, str]) -> int:
         cwd = code_dir(self.spec) or self.workdir
         log.info("running the command in %s", cwd)
         self.say(f"running the command in {cwd}")
@@ -286,7 +271,8 @@ class JobRun:
             # leaves running in the background ends with it (as when Azure ML
             # tears a job's container down), not holding the mounts busy.
             self._child = subprocess.Popen(
-                ["bash", "-c", command], cwd=cwd, env=dict(self.ctx.environ),
+                ["bash", "-c", command], cwd=cwd,
+                env=jobenv.command_env(self.ctx.environ, values, self.ctx.run_name or ""),
                 start_new_session=True,
             )  # fmt: skip
             code = self._child.wait()

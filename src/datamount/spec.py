@@ -22,15 +22,18 @@ from datamount.spectable import (
     DEFAULT_DATASTORE,
     DEFAULT_MODE,
     DEFAULT_TYPE,
+    MODEL_TYPES,
     DataType,
     Direction,
     Mode,
+    check_asset,
+    check_path_kind,
     data_type,
     default_output_path,
     expand_output_path,
     mode,
 )
-from datamount.uris import ASSET_NAME, Location, parse
+from datamount.uris import Location, parse
 
 __all__ = [
     "ALLOWED_MODES",
@@ -40,6 +43,7 @@ __all__ = [
     "DataType",
     "Direction",
     "JobSpec",
+    "MODEL_TYPES",
     "LiteralInput",
     "Mode",
     "load_spec",
@@ -307,11 +311,13 @@ def _data(
     else:
         try:
             location = parse(path, f"{where}.path")
+            if kind is not None:
+                check_path_kind(location, kind, f"{where}.path", problems)
         except UriError as exc:
             problems += exc.problems
 
     if direction == "output":
-        _check_asset(raw, where, problems)
+        check_asset(raw, kind, where, problems)
     skip = ("type", "mode", "path", "name", "version", "optional")
     fields = {k: v for k, v in raw.items() if k not in skip}
     if direction == "input" and ("name" in raw or "version" in raw):
@@ -336,22 +342,6 @@ def _data(
     except ValidationError as exc:
         problems += [_pydantic_line(where, err) for err in exc.errors()]
         return None
-
-
-def _check_asset(raw: dict[str, Any], where: str, problems: list[str]) -> None:
-    """An output's `name`/`version` (the data asset it registers) can be registered."""
-    name, version = raw.get("name"), raw.get("version")
-    if name is not None and not ASSET_NAME.fullmatch(str(name)):
-        problems.append(
-            f"{where}.name: {name!r} is not a data asset name (letters, digits, '_', '-', '.')"
-        )
-    if version is not None and name is None:
-        problems.append(f"{where}.version: a version needs a `name` (the data asset)")
-    if isinstance(version, float):
-        problems.append(
-            f"{where}.version: {version!r} is a number in YAML: quote the version "
-            "(e.g. '1.10') so it stays as written"
-        )
 
 
 def _identity(raw: object, where: str, problems: list[str]) -> Identity | None:

@@ -6,6 +6,9 @@ a path gets one on the default datastore.
 
 Also the expressions Azure ML expands in output paths (`${{name}}`...).
 
+And the checks of an entry that are about its type: a model path given to a
+data-typed entry (or the reverse), and what an output may register as.
+
 Pure: no I/O. No threads.
 """
 
@@ -14,7 +17,9 @@ from __future__ import annotations
 import logging
 import re
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
+
+from datamount.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE, Location, LocationKind
 
 log = logging.getLogger("datamount.app")
 
@@ -23,6 +28,20 @@ class DataType(StrEnum):
     URI_FILE = "uri_file"
     URI_FOLDER = "uri_folder"
     MLTABLE = "mltable"
+    MLFLOW_MODEL = "mlflow_model"
+    CUSTOM_MODEL = "custom_model"
+    TRITON_MODEL = "triton_model"
+
+
+# Model types are folders (an MLflow model is a folder with an MLmodel file;
+# custom and Triton models are folders too) and resolve `azureml:<name>:<v>`
+# through the workspace's `models:` section, not `data_assets:`.
+MODEL_TYPES = frozenset({DataType.MLFLOW_MODEL, DataType.CUSTOM_MODEL, DataType.TRITON_MODEL})
+
+
+def asset_kind(kind: DataType) -> str:
+    """'model' for a model type, 'data' for the others: which registry section it uses."""
+    return "model" if kind in MODEL_TYPES else "data"
 
 
 class Mode(StrEnum):
@@ -38,6 +57,9 @@ class Mode(StrEnum):
 Direction = Literal["input", "output"]
 
 _OUTPUT_MODES = (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT)
+# Model inputs: download, ro_mount and direct, as azure-ai-ml's ModelInputSchema
+# (_schema/job/input_output_entry.py) allows; no eval_* (those read an MLTable).
+_MODEL_INPUT_MODES = (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT)
 # The Azure ML table (DESIGN.md §1), as the SDK has it: every output type may
 # be direct (the command receives the resolved URI; azure-ai-ml's OutputSchema
 # allows upload, rw_mount, direct and the legacy mount for every type).
@@ -54,6 +76,8 @@ ALLOWED_MODES: dict[tuple[Direction, DataType], tuple[Mode, ...]] = {
     ("output", DataType.URI_FILE): _OUTPUT_MODES,
     ("output", DataType.URI_FOLDER): _OUTPUT_MODES,
     ("output", DataType.MLTABLE): _OUTPUT_MODES,
+    **{("input", t): _MODEL_INPUT_MODES for t in MODEL_TYPES},
+    **{("output", t): _OUTPUT_MODES for t in MODEL_TYPES},
 }
 DEFAULT_MODE: dict[Direction, Mode] = {"input": Mode.RO_MOUNT, "output": Mode.RW_MOUNT}
 DEFAULT_TYPE = DataType.URI_FOLDER  # the SDK's Input/Output default
@@ -112,3 +136,33 @@ def expand_output_path(
     if unknown:
         return path
     return _EXPRESSION.sub(lambda m: values[m.group(1)], path)
+
+
+def check_path_kind(location: Location, kind: DataType, where: str, problems: list[str]) -> None:
+    """A path that names a model (`.../models/...`) cannot feed a data-typed
+    entry, nor a data asset (`.../data/...`) a model-typed one."""
+    if location.kind is not LocationKind.ASSET or not location.asset_kind:
+        return
+    wanted = asset_kind(kind)
+    if location.asset_kind != wanted:
+        problems.append(
+            f"{where}: {location.raw!r} is a {location.asset_kind} asset, but the entry is a "
+            f"{kind.value} (a {wanted} type); declare a matching type"
+        )
+
+
+def check_asset(
+    raw: dict[str, Any], kind: DataType | None, where: str, problems: list[str]
+) -> None:
+    """An output's `name`/`version` (the asset it registers) can be registered."""
+    name, version = raw.get("name"), raw.get("version")
+    what = "model" if kind in MODEL_TYPES else "data asset"
+    if name is not None and not OUTPUT_ASSET_NAME.fullmatch(str(name)):
+        problems.append(f"{where}.name: {name!r} is not a {what} name ({OUTPUT_ASSET_RULE})")
+    if version is not None and name is None:
+        problems.append(f"{where}.version: a version needs a `name` (the {what})")
+    if isinstance(version, float):
+        problems.append(
+            f"{where}.version: {version!r} is a number in YAML: quote the version "
+            "(e.g. '1.10') so it stays as written"
+        )

@@ -12,8 +12,15 @@ Forms (DESIGN.md §1):
   azureml://datastores/<ds>/paths/<p>               → DATASTORE
   azureml://subscriptions/<s>/resourcegroups/<rg>/workspaces/<w>/datastores/<ds>/paths/<p>
   azureml://subscriptions/.../workspaces/<w>/data/<name>/versions/<v>  → ASSET
+  azureml://subscriptions/.../workspaces/<w>/models/<name>/versions/<v> → ASSET (model)
+  azureml:/subscriptions/<s>/resourceGroups/<rg>/providers/
+      Microsoft.MachineLearningServices/workspaces/<w>/(data|models)/<n>/versions/<v>
+                                                    → ASSET (the ARM id)
+  azureml://registries/<r>/(data|models)/<n>/(versions/<v>|labels/latest) → ASSET in registry <r>
+  azureml://jobs/<run>/outputs/<output>[/paths/<p>] → JOB_OUTPUT (the run history)
   azureml:<name>:<version>, azureml:<name>@latest                  → ASSET
   azureml:<any URI above>                           → that URI
+  runs:/..., s3://..., any other scheme             → UriError (never a local path)
 """
 
 from __future__ import annotations
@@ -32,6 +39,13 @@ DEFAULT_SUFFIX = "core.windows.net"
 _ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
 _CONTAINER = re.compile(r"^(?:[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9])|\$root|\$web|\$logs)$")
 ASSET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$")
+# What an output may register as (azure-ai-ml Output._assert_name_and_version):
+# letters, digits, '-' and '_', at most 255 characters; no '.'.
+OUTPUT_ASSET_NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+OUTPUT_ASSET_RULE = "letters, digits, '-' and '_' (no '.'), at most 255 characters"
+# A scheme as RFC 3986 spells it, two characters at least (`C:` is a drive).
+_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]+):")
+_ARM_PREFIX = "/subscriptions/"
 _AZURE_HOST = re.compile(r"^(?P<account>[^.]+)\.(?P<service>blob|dfs)\.(?P<suffix>.+)$")
 
 
@@ -41,7 +55,8 @@ class LocationKind(StrEnum):
     BLOB = "azure_blob"
     ADLS = "azure_data_lake_gen2"
     DATASTORE = "datastore"
-    ASSET = "data_asset"
+    ASSET = "data_asset"  # a data asset or a model (asset_kind)
+    JOB_OUTPUT = "job_output"  # an earlier run's output, through the run history
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,10 @@ class Location:
     asset_name: str = ""
     asset_version: str | None = None  # None: the latest version
     workspace: str = ""  # workspace named by a long azureml:// URI, informational
+    asset_kind: str = ""  # ASSET: 'data' or 'model' when the URI says; '' for azureml:<n>:<v>
+    registry: str = ""  # ASSET: the registry named by azureml://registries/<r>/...
+    job: str = ""  # JOB_OUTPUT: the run's name
+    job_output: str = ""  # JOB_OUTPUT: the output's name (`path` is below it)
 
     @property
     def is_folder(self) -> bool:
@@ -79,6 +98,8 @@ def parse(raw: object, where: str = "path") -> Location:
         rest = text[len("azureml:") :]
         if "://" in rest:  # azureml:wasbs://... → the URI itself
             return _with_raw(parse(rest, where), raw)
+        if rest.lower().startswith(_ARM_PREFIX):
+            return _arm_id(rest, raw, where)
         return _asset_ref(rest, raw, where)
     scheme = text.split("://", 1)[0].lower() if "://" in text else ""
     if scheme in ("wasb", "wasbs", "abfs", "abfss"):
@@ -92,10 +113,18 @@ def parse(raw: object, where: str = "path") -> Location:
         if parts.netloc not in ("", "localhost"):
             raise UriError(f"{where}: {raw!r}: file URIs must be local (file:///abs/path)")
         return Location(LocationKind.LOCAL, raw, path=unquote(parts.path))
+    bare = _SCHEME.match(text)
+    if not scheme and bare:
+        scheme = bare["scheme"].lower()
+    if scheme == "runs":
+        raise UriError(
+            f"{where}: {raw!r}: runs:/ is MLflow's run-artifact scheme, which datamount "
+            "cannot read; register the model (models:) and use azureml:<model>:<version>"
+        )
     if scheme:
         raise UriError(
-            f"{where}: {raw!r}: unsupported scheme {scheme!r}; use a local path, "
-            "http(s)://, wasb(s)://, abfs(s):// or azureml://"
+            f"{where}: {raw!r}: unsupported scheme {scheme!r}; use a local path (./{text} "
+            "if it is one), http(s)://, wasb(s)://, abfs(s):// or azureml://"
         )
     return Location(LocationKind.LOCAL, raw, path=text)
 
@@ -137,6 +166,8 @@ def _account_uri(text: str, scheme: str, raw: str, where: str) -> Location:
     holder = "container" if blob else "filesystem"
     shape = f"{scheme}://<{holder}>@<account>.{service}.core.windows.net/<path>"
     parts = urlsplit(text)
+    if parts.query and "@" in parts.netloc:
+        raise UriError(_sas_message(raw, where))
     if "@" not in parts.netloc or parts.query or parts.fragment:
         raise UriError(f"{where}: {raw!r} is not a valid {scheme} URI: expected {shape}")
     container, host = parts.netloc.rsplit("@", 1)
@@ -156,6 +187,12 @@ def _account_uri(text: str, scheme: str, raw: str, where: str) -> Location:
     )
 
 
+def _sas_message(raw: str, where: str) -> str:
+    """The URI without its query (the token stays out of errors and logs)."""
+    shown = raw.split("?", 1)[0] + "?<SAS token>"
+    return f"{where}: {shown!r}: put SAS tokens in the workspace credentials, not in the URI"
+
+
 def _http(text: str, scheme: str, raw: str, where: str) -> Location:
     parts = urlsplit(text)
     if not parts.hostname:
@@ -173,9 +210,7 @@ def _http(text: str, scheme: str, raw: str, where: str) -> Location:
         )
     _check_container(container, raw, where)
     if parts.query:
-        raise UriError(
-            f"{where}: {raw!r}: put SAS tokens in the workspace credentials, not in the URI"
-        )
+        raise UriError(_sas_message(raw, where))
     return Location(
         LocationKind.BLOB if m["service"] == "blob" else LocationKind.ADLS,
         raw,
@@ -192,6 +227,10 @@ def _azureml(text: str, raw: str, where: str) -> Location:
     segments = body.split("/")
     lowered = [s.lower() for s in segments]
     workspace = ""
+    if lowered[:1] == ["registries"]:
+        return _registry_asset(segments, raw, where)
+    if lowered[:1] == ["jobs"]:
+        return _job_output(segments, raw, where)
     if lowered[:1] == ["subscriptions"]:
         # subscriptions/<s>/resourcegroups/<rg>/workspaces/<w>/<rest...>
         if (
@@ -217,14 +256,82 @@ def _azureml(text: str, raw: str, where: str) -> Location:
             datastore=name,
             workspace=workspace,
         )
-    if workspace and len(segments) >= 2 and lowered[0] == "data":
-        version = segments[3] if len(segments) >= 4 and lowered[2] == "versions" else None
-        loc = _asset_ref(segments[1] + (f":{version}" if version else ""), raw, where)
+    if workspace and len(segments) >= 2 and lowered[0] in ("data", "models"):
+        loc = _versioned(segments, lowered, raw, where)
         return Location(**{**loc.__dict__, "workspace": workspace})
     raise UriError(
         f"{where}: {raw!r} is not a valid azureml URI: expected "
         "azureml://datastores/<datastore>/paths/<path> or azureml:<asset>:<version>"
     )
+
+
+def _versioned(segments: list[str], lowered: list[str], raw: str, where: str) -> Location:
+    """`(data|models)/<name>[/versions/<v> | /labels/latest]` as an ASSET of that kind."""
+    kind = "model" if lowered[0] == "models" else "data"
+    tail = lowered[2:4]
+    if len(segments) == 2 or (len(segments) == 4 and tail == ["labels", "latest"]):
+        ref = f"{segments[1]}@latest"
+    elif len(segments) == 4 and tail[0] == "versions" and segments[3]:
+        ref = f"{segments[1]}:{segments[3]}"
+    else:
+        raise UriError(
+            f"{where}: {raw!r}: expected .../{lowered[0]}/<name>/versions/<version> "
+            "or .../labels/latest"
+        )
+    loc = _asset_ref(ref, raw, where)
+    return Location(**{**loc.__dict__, "asset_kind": kind})
+
+
+def _registry_asset(segments: list[str], raw: str, where: str) -> Location:
+    lowered = [s.lower() for s in segments]
+    if len(segments) < 4 or not segments[1] or lowered[2] not in ("data", "models"):
+        raise UriError(
+            f"{where}: {raw!r} is not a valid registry URI: expected azureml://registries/"
+            "<registry>/(data|models)/<name>/versions/<version> (or labels/latest)"
+        )
+    loc = _versioned(segments[2:], lowered[2:], raw, where)
+    return Location(**{**loc.__dict__, "registry": segments[1]})
+
+
+def _job_output(segments: list[str], raw: str, where: str) -> Location:
+    """azureml://jobs/<run>/outputs/<output>[/paths/<path below the output>]"""
+    lowered = [s.lower() for s in segments]
+    ok = len(segments) >= 4 and segments[1] and lowered[2] == "outputs" and segments[3]
+    if not ok or (len(segments) > 4 and lowered[4] != "paths"):
+        raise UriError(
+            f"{where}: {raw!r} is not a valid job output URI: expected "
+            "azureml://jobs/<job name>/outputs/<output>/paths/<path>"
+        )
+    return Location(
+        LocationKind.JOB_OUTPUT,
+        raw,
+        path=_clean_path("/".join(segments[5:]), raw, where),
+        job=segments[1],
+        job_output=segments[3],
+    )
+
+
+def _arm_id(rest: str, raw: str, where: str) -> Location:
+    """/subscriptions/<s>/resourceGroups/<rg>/providers/Microsoft.MachineLearningServices/
+    workspaces/<w>/(data|models)/<n>/versions/<v>: an asset of workspace <w>."""
+    segments = rest.strip("/").split("/")
+    lowered = [s.lower() for s in segments]
+    shape = (
+        "azureml:/subscriptions/<sub>/resourceGroups/<rg>/providers/"
+        "Microsoft.MachineLearningServices/workspaces/<ws>/data/<name>/versions/<version>"
+    )
+    ok = (
+        len(segments) >= 10
+        and lowered[2] == "resourcegroups"
+        and lowered[4:6] == ["providers", "microsoft.machinelearningservices"]
+        and lowered[6] == "workspaces"
+        and lowered[8] in ("data", "models")
+        and all(segments[i] for i in (1, 3, 7))
+    )
+    if not ok:
+        raise UriError(f"{where}: {raw!r} is not a valid ARM id: expected {shape}")
+    loc = _versioned(segments[8:], lowered[8:], raw, where)
+    return Location(**{**loc.__dict__, "workspace": segments[7]})
 
 
 def _asset_ref(rest: str, raw: str, where: str) -> Location:

@@ -1,5 +1,6 @@
-"""The workspace registry (datastores, accounts, data assets) and resolution of
-any spec `Location` into a concrete `StorageLocation` with its credential.
+"""The workspace registry (datastores, accounts, data assets, models,
+registries, the run history) and resolution of any spec `Location` into a
+concrete `StorageLocation` with its credential.
 
 There is no cloud service behind it: a YAML file (DESIGN.md §1). Loading
 expands `${VAR}` from the mapping it is given (never os.environ directly) and
@@ -9,22 +10,32 @@ registers every secret with the log redactor.
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from datamount import runhistory
+from datamount.catalog import (
+    AssetVersion,
+    Catalog,
+    ModelVersion,
+    RegistryConfig,
+    kind_of,
+    read_registry_file,
+)
+from datamount.catalog import read_registry as read_registry  # re-exported
+from datamount.catalog import version_key as version_key  # re-exported
 from datamount.errors import UriError, WorkspaceError
 from datamount.log import register_secret
 from datamount.storage.credentials import Credential, CredentialKind
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.uris import DEFAULT_SUFFIX, Location, LocationKind, parse
+from datamount.wsexpand import Recording, expand
 
 DEFAULT_WORKSPACE = Path("configs/workspace.yaml")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _MAX_ASSET_DEPTH = 16  # an asset pointing at an asset ... deeper than this is a cycle
 
 
@@ -75,34 +86,14 @@ class Account(BaseModel):
     sas_token: SecretStr | None = None
 
 
-class AssetVersion(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    version: str
-    type: Literal["uri_file", "uri_folder", "mltable"]
-    path: str
-    description: str | None = None
-
-
 class WorkspaceConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
     datastores: dict[str, Datastore] = Field(default_factory=dict)
     accounts: dict[str, Account] = Field(default_factory=dict)
     data_assets: dict[str, list[AssetVersion]] = Field(default_factory=dict)
+    models: dict[str, list[ModelVersion]] = Field(default_factory=dict)
+    registries: dict[str, RegistryConfig] = Field(default_factory=dict)
     registry_file: str | None = None  # where jobs register versions (registry.py)
-
-
-def read_registry(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """The versions registered by jobs, per asset name ({} when none yet)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        return {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise WorkspaceError(f"asset registry {path}: cannot read it: {exc}") from None
-    assets = data.get("data_assets") if isinstance(data, dict) else None
-    if not isinstance(assets, dict) or not all(isinstance(v, list) for v in assets.values()):
-        raise WorkspaceError(f"asset registry {path}: expected 'data_assets:' lists of versions")
-    return {str(k): list(v) for k, v in assets.items()}
 
 
 def registry_path(source: Path, config: WorkspaceConfig) -> Path:
@@ -111,12 +102,6 @@ def registry_path(source: Path, config: WorkspaceConfig) -> Path:
     if config.registry_file:
         return source.parent / os.path.expanduser(config.registry_file)
     return source.with_name(f"{source.stem}.assets.yaml")
-
-
-def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
-    """Numeric-aware ordering: '10' > '9', '1.10' > '1.9', digits before words."""
-    parts = re.split(r"[.\-_]", version)
-    return tuple((1, int(p)) if p.isdigit() else (0, p) for p in parts)
 
 
 def find_workspace(flag: str | None, environ: Mapping[str, str], cwd: Path) -> Path:
@@ -136,11 +121,28 @@ class Workspace:
         self.source = source
         # The versions written in the workspace file itself (before registered ones).
         self._declared = {k: list(v) for k, v in config.data_assets.items()}
+        self._declared_models = {k: list(v) for k, v in config.models.items()}
         # The environment variables the file referenced as ${VAR} (secrets among them).
         self.variables: frozenset[str] = frozenset()
 
-    def declared_versions(self, name: str) -> list[AssetVersion]:
-        return list(self._declared.get(name, []))
+    def declared_versions(self, name: str, kind: str = "data") -> list[Any]:
+        declared = self._declared_models if kind == "model" else self._declared
+        return list(declared.get(name, []))
+
+    def versions(self, name: str, kind: str = "data") -> list[AssetVersion | ModelVersion]:
+        """Every known version of data asset (or model) `name`."""
+        section = self.config.models if kind == "model" else self.config.data_assets
+        return list(section.get(name, []))
+
+    @property
+    def catalog(self) -> Catalog:
+        return Catalog(self.config.data_assets, self.config.models, self.config.registries)
+
+    def history_path(self) -> Path | None:
+        """The run history (runhistory.py), beside the asset registry."""
+        if self.source is None:
+            return None
+        return runhistory.history_path(registry_path(self.source, self.config), self.source)
 
     @classmethod
     def empty(cls) -> Workspace:
@@ -162,7 +164,7 @@ class Workspace:
             raise WorkspaceError(f"workspace file {path}: expected a mapping at the top level")
         problems: list[str] = []
         used: set[str] = set()
-        expanded = _expand(data, _Recording(environ, used), "", problems)
+        expanded = expand(data, Recording(environ, used), "", problems)
         if problems:
             raise WorkspaceError([f"workspace file {path}: {p}" for p in problems])
         try:
@@ -186,17 +188,20 @@ class Workspace:
         return workspace
 
     def _merge_registered(self, registry: Path) -> None:
-        """Add the versions jobs registered (registry.py) to `data_assets`."""
-        for name, versions in read_registry(registry).items():
-            try:
-                entries = [AssetVersion.model_validate(v) for v in versions]
-            except ValidationError as exc:
-                raise WorkspaceError(
-                    f"asset registry {registry}: data_assets.{name}: {exc.errors()[0]['msg']}"
-                ) from None
-            merged = self.config.data_assets.setdefault(str(name), [])
-            have = {v.version for v in merged}
-            merged.extend(e for e in entries if e.version not in have)
+        """Add the versions jobs registered (registry.py) to `data_assets` and `models`."""
+        for section, by_name in read_registry_file(registry).items():
+            model = ModelVersion if section == "models" else AssetVersion
+            target: dict[str, list[Any]] = getattr(self.config, section)
+            for name, versions in by_name.items():
+                try:
+                    entries = [model.model_validate(v) for v in versions]
+                except ValidationError as exc:
+                    raise WorkspaceError(
+                        f"asset registry {registry}: {section}.{name}: {exc.errors()[0]['msg']}"
+                    ) from None
+                merged = target.setdefault(str(name), [])
+                have = {v.version for v in merged}
+                merged.extend(e for e in entries if e.version not in have)
 
     # -- resolution -----------------------------------------------------------
 
@@ -215,6 +220,8 @@ class Workspace:
         `identity` is 'user_identity' / 'managed_identity' (identity-based
         access replaces stored credentials) or None / 'aml_token'.
         """
+        if location.kind is LocationKind.JOB_OUTPUT:
+            location = self._job_output(location, where, expected_type)
         if location.kind is LocationKind.ASSET:
             location = self._asset_target(location, where, expected_type)
         if location.kind is LocationKind.LOCAL:
@@ -239,44 +246,55 @@ class Workspace:
             credential=_identity_credential(identity, client_id) or credential,
         )
 
+    def _job_output(self, location: Location, where: str, expected: str | None) -> Location:
+        history = self.history_path()
+        if history is None:
+            raise WorkspaceError(
+                f"{where}: {location.raw!r}: job outputs are found in the run history, "
+                "which lives beside the workspace file (--workspace FILE or DATAMOUNT_WORKSPACE)"
+            )
+        output = runhistory.output_of(history, location.job, location.job_output, where)
+        if expected and kind_of(output.type) != kind_of(expected):
+            raise WorkspaceError(
+                f"{where}: output {location.job_output!r} of run {location.job} is a "
+                f"{output.type}, but the entry is a {expected}"
+            )
+        try:
+            target = parse(output.path, f"run {location.job} outputs.{location.job_output}")
+        except UriError as exc:
+            raise WorkspaceError(exc.problems) from None
+        if not location.path:
+            return target
+        return Location(**{**target.__dict__, "path": _join(target.path, location.path)})
+
     def _asset_target(self, location: Location, where: str, expected: str | None) -> Location:
         seen: list[str] = []
+        kind = kind_of(expected) if expected else (location.asset_kind or "data")
+        catalog = self.catalog
         while location.kind is LocationKind.ASSET:
-            entry = self.asset(location.asset_name, location.asset_version, where)
-            ref = f"{location.asset_name}:{entry.version}"
+            ref, entry = catalog.find(location, kind, where)
             if ref in seen or len(seen) >= _MAX_ASSET_DEPTH:
                 raise WorkspaceError(f"{where}: data asset cycle: {' -> '.join([*seen, ref])}")
             seen.append(ref)
+            what = "model" if kind == "model" else "data asset"
             if expected and entry.type != expected:
                 raise WorkspaceError(
-                    f"{where}: data asset {ref} is a {entry.type}, but the spec declares "
+                    f"{where}: {what} {ref} is a {entry.type}, but the spec declares "
                     f"type {expected}"
                 )
             try:
-                location = parse(entry.path, f"data asset {ref} path")
+                location = parse(entry.path, f"{what} {ref} path")
             except UriError as exc:
                 raise WorkspaceError(exc.problems) from None
             if location.kind is LocationKind.LOCAL and not os.path.isabs(location.path):
-                raise WorkspaceError(f"{where}: data asset {ref} has a relative local path")
+                raise WorkspaceError(f"{where}: {what} {ref} has a relative local path")
         return location
 
     def asset(self, name: str, version: str | None, where: str = "path") -> AssetVersion:
-        versions = self.config.data_assets.get(name)
-        if not versions:
-            known = ", ".join(sorted(self.config.data_assets)) or "none"
-            raise WorkspaceError(
-                f"{where}: data asset {name!r} is not registered in the workspace "
-                f"(registered: {known})"
-            )
-        if version is None:
-            return max(versions, key=lambda v: version_key(v.version))
-        for entry in versions:
-            if entry.version == version:
-                return entry
-        have = ", ".join(sorted((v.version for v in versions), key=version_key))
-        raise WorkspaceError(
-            f"{where}: data asset {name!r} has no version {version!r} (versions: {have})"
-        )
+        ref = Location(LocationKind.ASSET, name, asset_name=name, asset_version=version)
+        entry = self.catalog.find(ref, "data", where)[1]
+        assert isinstance(entry, AssetVersion)
+        return entry
 
     def _datastore(
         self, location: Location, where: str, identity: str | None, client_id: str | None
@@ -349,6 +367,13 @@ class Workspace:
         return StorageLocation(StorageKind.HTTP, url)
 
 
+def _join(base: str, sub: str) -> str:
+    """`sub` below `base` (a storage path or a local one)."""
+    if not base:
+        return sub
+    return base.rstrip("/") + "/" + sub
+
+
 def _identity_credential(identity: str | None, client_id: str | None) -> Credential | None:
     if identity == "user_identity":
         return Credential(CredentialKind.USER_IDENTITY)
@@ -369,48 +394,3 @@ def _register(*secrets: SecretStr | None) -> None:
     for secret in secrets:
         if secret is not None and secret.get_secret_value():
             register_secret(secret.get_secret_value())
-
-
-class _Recording(Mapping[str, str]):
-    """`environ`, noting which names were looked up."""
-
-    def __init__(self, environ: Mapping[str, str], used: set[str]) -> None:
-        self._environ = environ
-        self._used = used
-
-    def __getitem__(self, name: str) -> str:
-        self._used.add(name)
-        return self._environ[name]
-
-    def __contains__(self, name: object) -> bool:
-        if isinstance(name, str):
-            self._used.add(name)
-        return name in self._environ
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._environ)
-
-    def __len__(self) -> int:
-        return len(self._environ)
-
-
-def _expand(value: Any, environ: Mapping[str, str], where: str, problems: list[str]) -> Any:
-    """Replace ${VAR} in every string; a missing variable is a problem naming the key."""
-    if isinstance(value, dict):
-        return {
-            k: _expand(v, environ, f"{where}.{k}" if where else str(k), problems)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_expand(v, environ, f"{where}[{i}]", problems) for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
-
-    def sub(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in environ:
-            problems.append(f"{where}: environment variable {name} is not set")
-            return ""
-        return environ[name]
-
-    return _VAR.sub(sub, value)

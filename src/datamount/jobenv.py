@@ -1,0 +1,99 @@
+"""What a `datamount run` leaves around its command, as Azure ML does: the
+environment variables the command gets for its inputs and outputs, and the
+run's entry in the run history (runhistory.py) once it is over.
+
+Azure ML gives a command job `AZURE_ML_INPUT_<name>` for every input (the
+path or URI `${{inputs.<name>}}` becomes, or a literal's value),
+`AZURE_ML_OUTPUT_<name>` for every output, and `AZUREML_RUN_ID` (the run's
+name). Also the substitution of `${{inputs.x}}` / `${{outputs.y}}` in the
+command. No threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from datamount import runhistory
+from datamount.context import Context
+from datamount.errors import InvalidInput, SpecError
+from datamount.spec import REFERENCE, DataInput, JobSpec
+from datamount.uris import LocationKind
+
+log = logging.getLogger("datamount.run")
+
+INPUT_PREFIX = "AZURE_ML_INPUT_"
+OUTPUT_PREFIX = "AZURE_ML_OUTPUT_"
+RUN_ID = "AZUREML_RUN_ID"
+
+
+def command_env(environ: Mapping[str, str], values: Mapping[str, str], run: str) -> dict[str, str]:
+    """`environ` plus the job's variables; `values` maps `inputs.x` /
+    `outputs.y` to what the command line gets for them."""
+    env = dict(environ)
+    for ref, value in values.items():
+        group, _, name = ref.partition(".")
+        env[(INPUT_PREFIX if group == "inputs" else OUTPUT_PREFIX) + name] = value
+    env[RUN_ID] = run
+    return env
+
+
+def landing(spec: JobSpec, entry: DataInput) -> str:
+    """Where an output's bytes are, as a later spec may name them: its URI,
+    or an absolute local path (relative ones are relative to the spec)."""
+    if entry.location.kind is not LocationKind.LOCAL:
+        return entry.path
+    base = spec.source.parent if spec.source else Path.cwd()
+    path = os.path.normpath(os.path.abspath(base / os.path.expanduser(entry.location.path)))
+    return path + ("/" if entry.location.path.endswith("/") else "")
+
+
+def record_run(ctx: Context, spec: JobSpec, exit_code: int) -> Path | None:
+    """Add this run and its outputs to the run history (beside the workspace
+    file; without one nothing is recorded). Returns the history's path."""
+    try:
+        workspace = ctx.load_workspace(required=False)
+    except InvalidInput:
+        return None
+    history = workspace.history_path() if workspace is not None else None
+    if history is None:
+        log.info("no workspace file: run %s is not recorded in a run history", ctx.run_name)
+        return None
+    outputs = {
+        name: runhistory.RunOutput(entry.type.value, landing(spec, entry))
+        for name, entry in spec.outputs.items()
+    }
+    runhistory.record(history, ctx.run_name or spec.name, spec.name, exit_code, outputs)
+    log.info("run %s recorded in %s", ctx.run_name or spec.name, history)
+    return history
+
+
+OPTIONAL_BLOCK = re.compile(r"\$\[\[(.*?)\]\]", re.DOTALL)
+
+
+def substitute(command: str, values: dict[str, str]) -> str:
+    """Replace every `${{inputs.x}}` / `${{outputs.y}}` by its value.
+
+    `$[[ ... ]]` blocks (Azure ML's optional-argument syntax) are kept, without
+    the brackets, when every reference inside has a value, and dropped
+    otherwise (an optional input left out). A reference outside such a block
+    without a value is a SpecError."""
+
+    def block(match: re.Match[str]) -> str:
+        inner = match.group(1)
+        refs = REFERENCE.findall(inner)
+        return inner if all(ref in values for ref in refs) else ""
+
+    def value(match: re.Match[str]) -> str:
+        ref = match.group(1)
+        if ref not in values:
+            raise SpecError(
+                f"command: ${{{{{ref}}}}} has no value (an optional input left out is only "
+                "allowed inside $[[...]])"
+            )
+        return values[ref]
+
+    return REFERENCE.sub(value, OPTIONAL_BLOCK.sub(block, command))
