@@ -221,3 +221,14 @@ def test_a_restored_iterator_yields_exactly_what_was_left(
         assert got == expected  # no record twice, none missing, same order
         union.extend(got)
     assert sorted(union) == list(range(TOTAL))  # every record once per epoch across ranks
+
+
+def test_row_dataset_is_random_access_over_the_same_records(folder: Path) -> None:
+    from datamount.data import RowDataset
+
+    rows = RowDataset(folder)
+    assert len(rows) == TOTAL
+    assert [rows[i] for i in range(TOTAL)] == list(RecordDataset(folder))
+    assert rows[-1] == rows[TOTAL - 1]
+    with pytest.raises(IndexError):
+        rows[TOTAL]

@@ -8,10 +8,12 @@ Public API (the rest of the package is internal):
   iterable over the records (one dict each) of CSV / parquet / JSON lines
   files or an MLTable folder; shards by node and loader worker, shuffles per
   epoch, resumes exactly from `state_dict()`.
+- `RowDataset(root)`: map-style over the same records (read once, into
+  Arrow tables): `len(rows)`, `rows[i] -> dict`.
 - `Progress`: what `RecordDataset.progress()` reports.
 
-Importing this package never imports torch; `RecordDataset` (pyarrow, the
-MLTable readers) loads on first use.
+Importing this package never imports torch; `RecordDataset` and `RowDataset`
+(pyarrow, the MLTable readers) load on first use.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from datamount.data.files import FileDataset, list_files
 
 if TYPE_CHECKING:
     from datamount.data.records import Progress, RecordDataset
+    from datamount.data.rows import RowDataset
 
-__all__ = ["FileDataset", "Progress", "RecordDataset", "list_files"]
+__all__ = ["FileDataset", "Progress", "RecordDataset", "RowDataset", "list_files"]
 
 
 def __getattr__(name: str) -> object:
@@ -32,4 +35,8 @@ def __getattr__(name: str) -> object:
         from datamount.data import records
 
         return getattr(records, name)
+    if name == "RowDataset":
+        from datamount.data.rows import RowDataset
+
+        return RowDataset
     raise AttributeError(name)
