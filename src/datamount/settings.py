@@ -161,6 +161,73 @@ LogLevel = Annotated[
 BlockSize = Annotated[int, _TO_SIZE, _at_least(4 * KB, "must be at least 4KB")]
 
 
+# --- storage levels: DATAMOUNT_STORAGE_LEVEL presets over the cache tiers -----------
+
+# Each level sets these three DATASET_MOUNT_* knobs (field -> value); an
+# explicit variable (or CLI override) of the same knob wins. All three keep
+# block mode: whole-file mode stays DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false.
+# memory: a 1 GiB RAM tier (8x the default) holds an epoch's blocks, no disk writes;
+# memory_disk: the defaults spelled out; disk: no RAM tier, every re-read from disk.
+STORAGE_LEVELS: dict[str, dict[str, Any]] = {
+    "memory": {
+        "block_based_cache_enabled": True,
+        "memory_cache_size": 1 * GB,
+        "block_file_cache_enabled": False,
+    },
+    "memory_disk": {
+        "block_based_cache_enabled": True,
+        "memory_cache_size": 128 * MB,
+        "block_file_cache_enabled": True,
+    },
+    "disk": {
+        "block_based_cache_enabled": True,
+        "memory_cache_size": 0,
+        "block_file_cache_enabled": True,
+    },
+}
+STORAGE_LEVEL_ENV = "DATAMOUNT_STORAGE_LEVEL"
+
+
+def _apply_storage_level(data: dict[str, Any]) -> dict[str, Any]:
+    """The before-validator step: fill the level's knobs that `data` does not
+    set (by field name or variable name); a bad level is one error line."""
+    raw = data.get("storage_level", data.get(STORAGE_LEVEL_ENV))
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return data
+    level = str(raw).strip().lower()
+    if level not in STORAGE_LEVELS:
+        raise _error(
+            f"{STORAGE_LEVEL_ENV}={raw!r}: not a storage level (use {', '.join(STORAGE_LEVELS)})"
+        )
+    data = {k: v for k, v in data.items() if k != STORAGE_LEVEL_ENV}
+    data["storage_level"] = level
+    for name, value in STORAGE_LEVELS[level].items():
+        alias = Settings.model_fields[name].alias
+        if name not in data and alias not in data:
+            data[name] = value
+    return data
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else format_size(value)
+
+
+def storage_level_line(settings: Settings) -> str | None:
+    """The one log line of the level: the values it set, and any explicit
+    variable that won over it; None without a level."""
+    level = settings.storage_level
+    if level is None:
+        return None
+    set_by_level: list[str] = []
+    explicit: list[str] = []
+    for name, value in STORAGE_LEVELS[level].items():
+        alias = Settings.model_fields[name].alias
+        actual = getattr(settings, name)
+        (set_by_level if actual == value else explicit).append(f"{alias}={_show(actual)}")
+    line = f"storage level {level}: {' '.join(set_by_level) or 'nothing'}"
+    return line + (f" (explicit, wins over the level: {' '.join(explicit)})" if explicit else "")
+
+
 def _ca_bundle(value: Path | None) -> Path | None:
     """A PEM file (or a c_rehash'ed folder) of CA certificates, checked now:
     a bad one is one SettingsError line, not a TLS failure on first request."""
@@ -242,6 +309,13 @@ class Settings(BaseModel):
     log_level: LogLevel = Field("INFO", alias="DATAMOUNT_LOG_LEVEL")
     # CAs trusted for HTTPS beside the system store (storage.tls), as the Azure SDK reads it.
     ca_bundle: CaBundle = Field(None, alias="REQUESTS_CA_BUNDLE")
+    # A preset over the cache tiers (STORAGE_LEVELS); applied in _storage_level.
+    storage_level: str | None = Field(None, alias="DATAMOUNT_STORAGE_LEVEL")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storage_level(cls, data: Any) -> Any:
+        return _apply_storage_level(data) if isinstance(data, dict) else data
 
     @model_validator(mode="before")
     @classmethod

@@ -34,7 +34,7 @@ from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.reader import BlockReader, Reader, ReadHandle
 from datamount.read.stats import MountStats
 from datamount.read.wholefile import WholeFileReader
-from datamount.settings import Settings
+from datamount.settings import Settings, storage_level_line
 from datamount.storage import store_for
 from datamount.storage.base import ObjectStore
 from datamount.storage.location import StorageLocation
@@ -80,6 +80,9 @@ def build_reader(
     finds its disk blocks again; another mount never shares the folder.
     `uploads`: the budget also holds an rw_mount's upload buffers."""
     budget = memory_budget(settings, uploads=uploads)
+    level_line = storage_level_line(settings)  # DATAMOUNT_STORAGE_LEVEL: the values it set
+    if level_line is not None:
+        log.info("%s", level_line)
     folder = hashlib.sha256(cache_key.encode()).hexdigest()[:24]
     ram: BlockCache = (
         MemoryCache(settings.memory_cache_size, stats)
