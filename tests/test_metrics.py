@@ -66,7 +66,9 @@ def test_a_mount_exports_its_counters_at_the_metrics_url(
     stats = mounts.stats("input", mp)  # written at mount time: counters at 0 then
     assert stats["cache"]["bytes_fetched"] == 0
     # Every ranged GET answered 206, and the histogram saw each one.
-    assert reads == {(("op", "read"), ("status", "206")): reads[(("op", "read"), ("status", "206"))]}
+    assert reads == {
+        (("op", "read"), ("status", "206")): reads[(("op", "read"), ("status", "206"))]
+    }
     n = reads[(("op", "read"), ("status", "206"))]
     assert n >= 2
     assert after[("datamount_storage_request_seconds_count", (("kind", "read"),))] == n
