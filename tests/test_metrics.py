@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fuse_helpers import EXE, Mounts, datamount, mount_env, spec_file
@@ -162,3 +163,19 @@ def test_a_taken_metrics_port_is_one_clear_line_and_exit_3(
     assert len(lines) == 1 and f"metrics endpoint 127.0.0.1:{port}" in lines[0]
     assert "already in use" in lines[0]
     assert status_json(env) == []
+
+
+def test_a_transfer_serves_its_progress_as_metrics() -> None:
+    from datamount.transfer.progress import Progress
+
+    with Progress("download", metrics=("127.0.0.1", 0)) as progress:
+        progress.planned(2, 3000)
+        progress.add_bytes(1000)
+        progress.file_done()
+        got = scrape(progress.metrics_url)
+        assert got[("datamount_download_bytes_total", ())] == 1000
+        assert got[("datamount_download_files_total", ())] == 1
+        assert got[("datamount_download_planned_bytes", ())] == 3000
+        url = progress.metrics_url
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=2)
