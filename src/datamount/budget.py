@@ -23,6 +23,12 @@ had on its own before there was one budget (the knobs of the Azure ML
 runtime size them), so the total is never looser than their sum; the RAM
 tier (DATASET_MOUNT_MEMORY_CACHE_SIZE) is its own bounded cache, apart.
 
+In a container the budget must also fit the cgroup's memory limit
+(`cgroup_memory_limit`: memory.max under cgroup v2, memory.limit_in_bytes
+under v1, the tightest of the process's cgroup and its ancestors):
+`fit_limits` scales every area down, each keeping at least its floor (one
+block), so that budget + RAM tier + interpreter headroom stay under it.
+
 Threads: any thread; one Condition guards the counts. It calls nothing
 outside itself, so a caller may hold its own lock while calling in.
 """
@@ -33,6 +39,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 PREFETCH = "prefetch"
 DEMAND = "demand"
@@ -162,6 +169,78 @@ class MemoryBudget:
         self._used[area] += size
         self._in_use += size
         self._peak = max(self._peak, self._in_use)
+
+
+# -- the container's memory limit ----------------------------------------------------
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+# What the daemon holds outside the budget and the RAM tier: the interpreter,
+# its modules, libfuse and the HTTP pools (a mount daemon's RSS at rest is
+# ~60 MiB; twice that leaves room for the allocator's fragmentation).
+INTERPRETER_HEADROOM = 128 << 20
+# cgroup v1 writes "no limit" as a page-rounded 2**63 - 1.
+_V1_UNLIMITED = 1 << 60
+
+
+def cgroup_memory_limit(
+    root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP
+) -> tuple[int, Path] | None:
+    """The tightest memory limit of this process's cgroup and its ancestors,
+    with the file that sets it; None when there is none (or no cgroup fs)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    found: list[tuple[int, Path]] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if not path.startswith("/"):
+            continue
+        if hierarchy == "0" and controllers == "":  # v2: the unified hierarchy
+            base, name = root, "memory.max"
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own
+            base, name = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        folder = base / path.strip("/")
+        while True:
+            limit = _read_limit(folder / name)
+            if limit is not None:
+                found.append((limit, folder / name))
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return min(found, default=None, key=lambda item: item[0])
+
+
+def _read_limit(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text in ("", "max"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return None if value <= 0 or value >= _V1_UNLIMITED else value
+
+
+def fit_limits(limits: Mapping[str, int], room: int, floors: Mapping[str, int]) -> dict[str, int]:
+    """`limits` scaled down by one factor so their sum fits `room` bytes,
+    each area kept at or above its floor (and areas at 0 left at 0); the
+    limits as they are when they fit already."""
+    total = sum(limits.values())
+    if total <= room:
+        return dict(limits)
+    factor = max(0, room) / total if total else 0.0
+    return {
+        area: 0 if limit == 0 else max(min(limit, floors.get(area, 0)), int(limit * factor))
+        for area, limit in limits.items()
+    }
 
 
 def _mib(size: int) -> str:

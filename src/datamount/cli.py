@@ -197,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--watch",
+        metavar="SECONDS",
+        nargs="?",
+        const=2.0,
+        type=_interval,
+        help="refresh every SECONDS (default 2): a table on a terminal, else one line per "
+        "mount per refresh; Ctrl-C ends it",
+    )
 
     p = sub.add_parser(
         "run",
@@ -420,14 +429,54 @@ def _run_job(args: argparse.Namespace) -> int:
     return code
 
 
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"not a number of seconds > 0: {text!r}")
+    return value
+
+
 def _status(ctx: Context, args: argparse.Namespace) -> None:
     from datamount.mount import status
 
+    if args.watch is not None:
+        with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+            _watch(ctx, args, args.watch)
+        return
     entries = status.collect(ctx.settings.cache_dir)
     for entry in entries:
         print(json.dumps(entry.as_dict(), sort_keys=True) if args.json else status.describe(entry))
     if not entries and not args.json:
         print(f"{PROG}: nothing mounted (cache {ctx.settings.cache_dir})", file=sys.stderr)
+
+
+def _watch(ctx: Context, args: argparse.Namespace, seconds: float) -> None:
+    """`status --watch`: a redrawn table on a terminal (plain ANSI), else one
+    line per mount per refresh (JSON with --json). Ctrl-C ends it (exit 0)."""
+    import time
+
+    from datamount.mount import status
+
+    tty = sys.stdout.isatty() and not args.json
+    while True:
+        entries = status.collect(ctx.settings.cache_dir)
+        if tty:
+            rows = status.table(entries) if entries else ["nothing mounted"]
+            sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(rows) + "\n")
+        else:
+            now = time.time()
+            for entry in entries:
+                line = (
+                    json.dumps({**entry.as_dict(), "time": now}, sort_keys=True)
+                    if args.json
+                    else f"{time.strftime('%H:%M:%S')} {status.describe(entry, now)}"
+                )
+                sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        time.sleep(seconds)
 
 
 def _unmount(ctx: Context, args: argparse.Namespace) -> None:

@@ -248,6 +248,22 @@ def _ca_bundle(value: Path | None) -> Path | None:
 CaBundle = Annotated[Path | None, AfterValidator(_ca_bundle)]
 
 
+def _port(value: int | None) -> int | None:
+    if value is not None and not 0 <= value <= 65535:
+        raise _error("not a TCP port (0-65535; 0 picks a free one)")
+    return value
+
+
+def _host(value: str) -> str:
+    if not value.strip() or any(c.isspace() or c in "/[]" for c in value.strip()):
+        raise _error("not a host name or IP address")
+    return value.strip()
+
+
+MetricsPort = Annotated[int | None, _TO_INT, AfterValidator(_port)]
+MetricsHost = Annotated[str, AfterValidator(_host)]
+
+
 def _cores() -> int:
     return os.cpu_count() or 1
 
@@ -299,6 +315,12 @@ class Settings(BaseModel):
     # fsync every downloaded file before its rename (durable across a power loss);
     # false: the rename alone (atomic for a process crash), at page-cache speed.
     download_fsync: Flag = Field(True, alias="DATAMOUNT_DOWNLOAD_FSYNC")
+
+    # -- operability (issue 13): Prometheus metrics of daemons and long transfers --
+    # None: no metrics endpoint. 0: a free port (the daemon records its URL, see
+    # `datamount status --json`). Binds DATAMOUNT_METRICS_HOST (loopback by default).
+    metrics_port: MetricsPort = Field(None, alias="DATAMOUNT_METRICS_PORT")
+    metrics_host: MetricsHost = Field("127.0.0.1", alias="DATAMOUNT_METRICS_HOST")
 
     cache_dir: Path = Field(
         default_factory=lambda: default_cache_dir({}), alias="DATAMOUNT_CACHE_DIR"

@@ -121,6 +121,7 @@ class MountState:
     # Added later; state files written before them read as "" (not rw_mount).
     mode: str = ""  # the entry's mode: "rw_mount" marks a read-write mount
     staging: str = ""  # rw_mount: its staging folder (journal of what is only staged)
+    metrics_url: str = ""  # its Prometheus endpoint (DATAMOUNT_METRICS_PORT), "" when off
 
     @property
     def writable(self) -> bool:

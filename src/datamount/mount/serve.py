@@ -33,6 +33,7 @@ from datamount.errors import (
 from datamount.log import register_secret, setup_logging, shutdown_logging
 from datamount.mount import control
 from datamount.mount.daemon import DaemonConfig, MountDaemon
+from datamount.mount.diagnose import Watch
 from datamount.mount.plan import MountPlan
 from datamount.mount.stack import Stack, attribute_ttl, build
 
@@ -47,10 +48,15 @@ class Served:
 
 
 def start(plan: MountPlan) -> Served:
-    """Build the stack and mount it; returns once the mount answers."""
+    """Build the stack and mount it; returns once the mount answers. With
+    DATAMOUNT_METRICS_PORT set, its metrics endpoint is up first (an address
+    in use fails the mount: DataError)."""
     stack = build(plan)
     try:
-        daemon = MountDaemon(stack.fs, _config(plan), _snapshot(plan, stack))
+        snapshot = _snapshot(plan, stack)
+        watch = Watch(plan.settings, str(plan.mountpoint))
+        url = _metrics(plan, stack, snapshot, watch)
+        daemon = MountDaemon(stack.fs, _config(plan, url), _recorder(snapshot, watch))
         daemon.start()
     except BaseException:
         stack.close()
@@ -76,7 +82,7 @@ def run(
         raise OutputError(f"{plan.label}: {leftovers.describe(str(plan.staging))}")
 
 
-def _config(plan: MountPlan) -> DaemonConfig:
+def _config(plan: MountPlan, metrics_url: str = "") -> DaemonConfig:
     settings = plan.settings
     stats_file = control.stats_path(settings.log_dir, plan.name, plan.mountpoint)
     state = control.MountState(
@@ -89,6 +95,7 @@ def _config(plan: MountPlan) -> DaemonConfig:
         stats_file=str(stats_file),
         mode=plan.mode,
         staging=str(plan.staging or ""),
+        metrics_url=metrics_url,
     )
     return DaemonConfig(
         mountpoint=plan.mountpoint,
@@ -114,12 +121,73 @@ def _snapshot(plan: MountPlan, stack: Stack) -> Callable[[], dict[str, Any]]:
             "uri": uri,
             "pid": os.getpid(),
             "updated": time.time(),
+            "cpu_seconds": round(time.process_time(), 3),
             # Retries happen in the store's policy, shared by every request.
-            "cache": {**stack.stats.snapshot(), "retries": stack.retry.stats.retries},
+            "cache": {**stack.stats.snapshot(), **_retries(stack)},
             "fs": stack.fs.counters(),
+            "budget": _budget(stack),
         }
 
     return snapshot
+
+
+def _retries(stack: Stack) -> dict[str, int]:
+    retry = stack.retry.stats
+    return {"retries": retry.retries, "throttled": retry.throttled, "exhausted": retry.exhausted}
+
+
+def _budget(stack: Stack) -> dict[str, Any]:
+    budget = stack.budget
+    if budget is None:
+        return {}
+    return {
+        "limits": dict(budget.limits),
+        "used": {area: budget.in_use(area) for area in budget.limits},
+        "peak": budget.peak,
+    }
+
+
+def _recorder(snapshot: Callable[[], dict[str, Any]], watch: Watch) -> Callable[[], dict[str, Any]]:
+    """What the daemon writes to its stats file every interval (and at
+    unmount): the snapshot, evaluated by the diagnosis, with its verdict and
+    the rates over the last interval."""
+
+    def record() -> dict[str, Any]:
+        snap = snapshot()
+        verdict = watch.update(snap)
+        snap["verdict"] = verdict.as_dict() if verdict is not None else None
+        snap["rates"] = watch.rates
+        return snap
+
+    return record
+
+
+def _metrics(
+    plan: MountPlan, stack: Stack, snapshot: Callable[[], dict[str, Any]], watch: Watch
+) -> str:
+    """Start the metrics endpoint when DATAMOUNT_METRICS_PORT is set; its URL or ""."""
+    settings = plan.settings
+    if settings.metrics_port is None:
+        return ""
+    from datamount import metrics  # prometheus-client: only when metrics are on
+
+    endpoint = metrics.Endpoint()
+    hooks = getattr(getattr(stack.store, "raw", None), "hooks", None)
+    requests = endpoint.requests if isinstance(hooks, list) else None
+    if isinstance(hooks, list):
+        hooks.append(endpoint.requests)
+
+    def scraped() -> dict[str, Any]:
+        snap = snapshot()
+        snap["verdict"] = watch.current.as_dict() if watch.current is not None else None
+        return snap
+
+    endpoint.add(metrics.MountCollector(scraped, requests))
+    url = endpoint.start(settings.metrics_host, settings.metrics_port)
+    stack.cleanup.callback(endpoint.stop)
+    stack.stats.on_read = endpoint.observe_read()
+    log.info("metrics of %s at %s", plan.mountpoint, url)
+    return url
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,7 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from datamount.budget import DEMAND, DISK_QUEUE, PREFETCH, UPLOAD, MemoryBudget
+from datamount.budget import (
+    DEMAND,
+    DISK_QUEUE,
+    INTERPRETER_HEADROOM,
+    PREFETCH,
+    UPLOAD,
+    MemoryBudget,
+    cgroup_memory_limit,
+    fit_limits,
+)
 from datamount.fs.namespace import Namespace
 from datamount.fs.ops import ReadOnlyFS
 from datamount.mount.plan import MountPlan
@@ -137,22 +146,61 @@ def build_reader(
     return MountReader(reader, [scheduler.close, cache.close], budget)
 
 
-def memory_budget(settings: Settings, *, uploads: bool) -> MemoryBudget:
+def memory_budget(
+    settings: Settings, *, uploads: bool, cgroup: tuple[int, Path] | None | bool = True
+) -> MemoryBudget:
     """The mount's one MemoryBudget: each area the bound its consumer had on
     its own, so the total is their sum (64 + 512 + 128 = 704 MiB by default
-    with 8 upload threads). The RAM tier is not in it."""
-    return MemoryBudget(
-        {
-            # A full prefetch window of blocks (32 x 2 MiB = 64 MiB by default).
-            PREFETCH: max(1, settings.read_buffer_block_count) * settings.read_block_size,
-            DEMAND: 0,
-            DISK_QUEUE: settings.block_file_cache_max_queue_size
-            if settings.block_file_cache_enabled
-            else 0,
-            # WriteBack's upload_budget: 2 x upload threads x 8 MiB blocks.
-            UPLOAD: 2 * settings.downloader_threads * UPLOAD_BLOCK_SIZE if uploads else 0,
-        }
-    )
+    with 8 upload threads). The RAM tier is not in it. Under a cgroup memory
+    limit (`cgroup`: True reads this process's, or give (bytes, file), or
+    None) the areas shrink so that budget + RAM tier + INTERPRETER_HEADROOM
+    fit it, each keeping one block."""
+    limits = _budget_limits(settings, uploads=uploads)
+    found = cgroup_memory_limit() if cgroup is True else cgroup or None
+    total = sum(limits.values())
+    if found is None:
+        log.info("no cgroup memory limit: the budget is %s", _mib(total))
+        return MemoryBudget(limits)
+    ceiling, source = found
+    room = ceiling - settings.memory_cache_size - INTERPRETER_HEADROOM
+    floors = {PREFETCH: settings.read_block_size, DISK_QUEUE: settings.read_block_size,
+              UPLOAD: UPLOAD_BLOCK_SIZE}  # fmt: skip
+    fitted = fit_limits(limits, room, floors)
+    fitted_total = sum(fitted.values())
+    if fitted_total < total:
+        log.info(
+            "budget %s instead of %s: %s limits memory to %s (minus the RAM tier %s "
+            "and %s for the interpreter)",
+            _mib(fitted_total), _mib(total), source, _mib(ceiling),
+            _mib(settings.memory_cache_size), _mib(INTERPRETER_HEADROOM),
+        )  # fmt: skip
+        if fitted_total > room:
+            log.warning(
+                "the cgroup memory limit %s (%s) is below what one block per area and the "
+                "RAM tier need: lower DATASET_MOUNT_MEMORY_CACHE_SIZE (now %s)",
+                _mib(ceiling), source, _mib(settings.memory_cache_size),
+            )  # fmt: skip
+    else:
+        log.info("budget %s fits the cgroup memory limit %s (%s)", _mib(total),
+                 _mib(ceiling), source)  # fmt: skip
+    return MemoryBudget(fitted)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
+
+
+def _budget_limits(settings: Settings, *, uploads: bool) -> dict[str, int]:
+    return {
+        # A full prefetch window of blocks (32 x 2 MiB = 64 MiB by default).
+        PREFETCH: max(1, settings.read_buffer_block_count) * settings.read_block_size,
+        DEMAND: 0,
+        DISK_QUEUE: settings.block_file_cache_max_queue_size
+        if settings.block_file_cache_enabled
+        else 0,
+        # WriteBack's upload_budget: 2 x upload threads x 8 MiB blocks.
+        UPLOAD: 2 * settings.downloader_threads * UPLOAD_BLOCK_SIZE if uploads else 0,
+    }
 
 
 # Attributes of an rw_mount expire after 2 s when DATASET_MOUNT_ATTRIBUTE_CACHE_TTL
@@ -182,6 +230,8 @@ class Stack:
     stats: MountStats
     retry: RetryPolicy
     cleanup: contextlib.ExitStack
+    budget: MemoryBudget | None = None  # the mount's one memory budget (metrics)
+    store: ObjectStore | None = None  # the metrics hook onto its responses
 
     def close(self) -> None:
         self.cleanup.close()
@@ -223,7 +273,7 @@ def build(plan: MountPlan) -> Stack:
     except BaseException:
         cleanup.close()
         raise
-    return Stack(fs, stats, retry, cleanup)
+    return Stack(fs, stats, retry, cleanup, budget=reader.budget, store=store)
 
 
 def _writable(

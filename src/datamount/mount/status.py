@@ -29,6 +29,9 @@ class Entry:
     uri: str = ""
     started: float | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    metrics_url: str = ""  # the daemon's Prometheus endpoint, "" when off
+    rates: dict[str, float] = field(default_factory=dict)  # over the daemon's last interval
+    verdict: str = ""  # what limits it now (mount.diagnose)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,13 +47,17 @@ def _mount_state(state: control.MountState) -> str:
     return "serving" if alive else "mounted, daemon gone"
 
 
-def _stats(path: str) -> dict[str, Any]:
+def _stats_file(path: str) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
-    cache = data.get("cache", {}) if isinstance(data, dict) else {}
-    return cache if isinstance(cache, dict) else {}
+    return data if isinstance(data, dict) else {}
+
+
+def _part(data: dict[str, Any], name: str) -> dict[str, Any]:
+    part = data.get(name)
+    return part if isinstance(part, dict) else {}
 
 
 def collect(cache_dir: Path) -> list[Entry]:
@@ -61,6 +68,7 @@ def collect(cache_dir: Path) -> list[Entry]:
             state = control.MountState(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
+        data = _stats_file(state.stats_file)
         found.append(
             Entry(
                 mountpoint=state.mountpoint,
@@ -70,7 +78,10 @@ def collect(cache_dir: Path) -> list[Entry]:
                 pid=state.pid,
                 uri=state.uri,
                 started=state.started,
-                stats=_stats(state.stats_file),
+                stats=_part(data, "cache"),
+                metrics_url=state.metrics_url,
+                rates=_part(data, "rates"),
+                verdict=str(_part(data, "verdict").get("line", "")),
             )  # fmt: skip
         )
     for path in sorted((cache_dir / "outputs").glob("*.json")):
@@ -106,4 +117,33 @@ def describe(entry: Entry, now: float | None = None) -> str:
             f"{stats.get('bytes_fetched', 0)} bytes fetched, "
             f"{stats.get('ram_hits', 0)} RAM / {stats.get('disk_hits', 0)} disk hits"
         )
+    if entry.rates:
+        parts.append(rate_text(entry.rates))
+    if entry.verdict:
+        parts.append(entry.verdict)
+    if entry.metrics_url:
+        parts.append(f"metrics {entry.metrics_url}")
     return "; ".join(parts)
+
+
+def rate_text(rates: dict[str, float]) -> str:
+    return (
+        f"{rates.get('storage_mb_s', 0):.1f} MB/s from storage, "
+        f"{rates.get('read_mb_s', 0):.1f} MB/s read, {rates.get('requests_s', 0):.0f} req/s, "
+        f"hit ratio {rates.get('hit_ratio', 0):.0%} (last {rates.get('seconds', 0):.0f} s)"
+    )
+
+
+def table(entries: list[Entry]) -> list[str]:
+    """The `status --watch` table on a terminal: one row per entry."""
+    rows = [f"{'MOUNT POINT':30} {'STATE':10} {'STORAGE':>10} {'READ':>10} {'REQ/S':>7} "
+            f"{'HITS':>5}  VERDICT"]  # fmt: skip
+    for e in entries:
+        r = e.rates
+        state = e.state.split(" ")[0]
+        rows.append(
+            f"{e.mountpoint[-30:]:30} {state[:10]:10} "
+            f"{r.get('storage_mb_s', 0):>6.1f} MB/s {r.get('read_mb_s', 0):>5.1f} MB/s "
+            f"{r.get('requests_s', 0):>7.0f} {r.get('hit_ratio', 0):>5.0%}  {e.verdict or '-'}"
+        )
+    return rows

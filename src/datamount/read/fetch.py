@@ -186,6 +186,7 @@ class BlockFetcher:
         todo = [t and not self._cache_contains(k) for t, k in zip(todo, keys, strict=True)]
         runs: list[list[_Flight]] = []
         taken = 0
+        full = False
         with self._lock:
             while taken < len(keys) and not self._closed:
                 if not todo[taken] or self._known(keys[taken]):
@@ -201,6 +202,7 @@ class BlockFetcher:
                     run.append(key)
                 sizes = [self._span(k)[1] for k in run]
                 if not self._held.admit(sum(sizes)):
+                    full = True
                     break
                 flights = [
                     _Flight(k, n, prefetch=True, wanted=False, urgent=False)
@@ -212,6 +214,7 @@ class BlockFetcher:
                 taken += len(run)
         for flights in runs:
             self._submit(flights, demand=False)
+        self.stats.add(prefetch_offers=1, prefetch_window_full=int(full))
         return taken
 
     def _known(self, key: BlockKey) -> bool:
@@ -283,11 +286,13 @@ class BlockFetcher:
         try:
             buf = bytearray(length)
             view = memoryview(buf)
+            started = time.monotonic()
             got = (
                 self.store.read_into(first.obj.key, offset, view, etag=first.obj.etag)
                 if length
                 else 0
             )
+            took = time.monotonic() - started
             if got != length:
                 raise StorageError(
                     f"{first.obj.key}: short read of blocks {first.index}-"
@@ -301,7 +306,10 @@ class BlockFetcher:
             for flight in flights:
                 self._fail(flight, exc)
             return
+        if self.stats.on_read is not None:
+            self.stats.on_read(took)
         self.stats.add(
+            fetch_us=int(took * 1e6),
             fetch_requests=1,
             blocks_fetched=len(flights),
             bytes_fetched=length,

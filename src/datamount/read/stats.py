@@ -1,9 +1,15 @@
 """Per-mount counters (thread-safe), logged at unmount and written to a stats
-file every few seconds."""
+file every few seconds; the metrics endpoint and the diagnosis
+(mount.diagnose) read them.
+
+`on_read`, when set (only while a metrics endpoint is on), is called with
+the seconds of each ranged storage read: the latency histogram. Unset, the
+read path observes nothing."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 
@@ -22,6 +28,15 @@ class MountStats:
     disk_evictions: int = 0
     disk_queue_dropped: int = 0
     retries: int = 0
+    # Microseconds spent in ranged storage reads, summed over the read threads:
+    # its rate is the number of read threads busy (the diagnosis compares it
+    # with DATASET_MOUNT_READ_THREADS), over fetch_requests the mean latency.
+    fetch_us: int = 0
+    # Prefetch offers, and those the full prefetch window (its share of the
+    # memory budget) turned away.
+    prefetch_offers: int = 0
+    prefetch_window_full: int = 0
+    on_read: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -31,4 +46,7 @@ class MountStats:
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if f.name[0] != "_"}
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name in _COUNTERS}
+
+
+_COUNTERS = tuple(f.name for f in fields(MountStats) if f.name[0] != "_" and f.name != "on_read")

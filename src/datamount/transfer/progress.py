@@ -2,7 +2,9 @@
 bar on a terminal or writes a line every few seconds otherwise.
 
 The CLI decides the stream; transfers only bump counters. One daemon thread
-per running transfer.
+per running transfer. With `metrics=(host, port)` (DATAMOUNT_METRICS_HOST and
+_PORT) the counters are also served as Prometheus metrics while the transfer
+runs (datamount.metrics; prometheus-client's server thread reads `counts()`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 log = logging.getLogger("datamount.transfer")
 
@@ -29,8 +31,18 @@ def human(n: float) -> str:
 class Progress:
     """Counters of one transfer. `total_*` grow while the listing streams."""
 
-    def __init__(self, verb: str, stream: TextIO | None = None, *, tty: bool = False) -> None:
+    def __init__(
+        self,
+        verb: str,
+        stream: TextIO | None = None,
+        *,
+        tty: bool = False,
+        metrics: tuple[str, int] | None = None,
+    ) -> None:
         self.verb = verb
+        self.metrics = metrics
+        self.metrics_url = ""
+        self._endpoint: Any = None
         self.stream = stream
         self.tty = tty
         self.started = time.monotonic()
@@ -71,14 +83,42 @@ class Progress:
 
     # -- reporting -------------------------------------------------------
 
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "bytes": self.bytes,
+                "files": self.files,
+                "total_bytes": self.total_bytes,
+                "total_files": self.total_files,
+                "skipped_bytes": self.skipped_bytes,
+                "skipped_files": self.skipped_files,
+            }
+
     def __enter__(self) -> Progress:
+        if self.metrics is not None:
+            self._serve_metrics(*self.metrics)
         if self.stream is not None:
             self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
             self._thread.start()
         return self
 
+    def _serve_metrics(self, host: str, port: int) -> None:
+        from datamount import metrics  # prometheus-client: only when metrics are on
+
+        endpoint = metrics.Endpoint()
+        endpoint.add(metrics.TransferCollector(self.verb, self.counts))
+        self.metrics_url = endpoint.start(host, port)  # DataError when the port is taken
+        self._endpoint = endpoint
+        log.info("%s metrics at %s", self.verb, self.metrics_url)
+        if self.stream is not None:
+            self.stream.write(f"datamount: {self.verb} metrics at {self.metrics_url}\n")
+            self.stream.flush()
+
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        if self._endpoint is not None:
+            self._endpoint.stop()
+            self._endpoint = None
         if self._thread is not None:
             self._thread.join()
         if self.stream is not None and self.tty:
