@@ -179,3 +179,24 @@ def test_a_transfer_serves_its_progress_as_metrics() -> None:
         url = progress.metrics_url
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=2)
+
+
+def test_the_download_command_serves_metrics_and_names_their_url(
+    azurite, container, tmp_path: Path
+) -> None:  # noqa: ANN001
+    container.upload_blob("ds/a.bin", b"x" * 5000)
+    env = mount_env(azurite, tmp_path, container.container_name, DATAMOUNT_METRICS_PORT="0")
+    dest = tmp_path / "dest"
+    out = datamount("download", "azureml://datastores/store/paths/ds/", str(dest), env=env)
+    assert out.returncode == 0, out.stderr
+    assert "datamount: download metrics at http://127.0.0.1:" in out.stderr
+    assert (dest / "a.bin").read_bytes() == b"x" * 5000
+    with socket.socket() as taken:  # a taken port: one line, exit 3, nothing downloaded
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env["DATAMOUNT_METRICS_PORT"] = str(taken.getsockname()[1])
+        out = datamount("download", "azureml://datastores/store/paths/ds/", str(tmp_path / "d2"),
+                        env=env)  # fmt: skip
+    assert out.returncode == 3, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "already in use" in out.stderr
+    assert not (tmp_path / "d2" / "a.bin").exists()

@@ -337,7 +337,7 @@ def _resolve(ctx: Context, args: argparse.Namespace) -> None:
 def _download(ctx: Context, args: argparse.Namespace) -> None:
     from datamount.modes import transfer
 
-    with _progress("download") as progress:
+    with _progress("download", ctx.settings) as progress:
         result = transfer.download(
             ctx, args.source, Path(args.dest), name=args.input,
             overwrite=args.overwrite, progress=progress,
@@ -350,7 +350,7 @@ def _download(ctx: Context, args: argparse.Namespace) -> None:
 def _upload(ctx: Context, args: argparse.Namespace) -> None:
     from datamount.modes import transfer
 
-    with _progress("upload") as progress:
+    with _progress("upload", ctx.settings) as progress:
         result = transfer.upload(
             ctx, Path(args.src), args.dest, name=args.output,
             overwrite=args.overwrite, progress=progress,
@@ -370,7 +370,7 @@ def _mount(ctx: Context, args: argparse.Namespace) -> None:
 
     spec = ctx.load_spec(Path(args.spec))
     how = modes.How(
-        progress=_progress("download"),  # entered around a download only
+        progress=_progress("download", ctx.settings),  # entered around a download only
         foreground=args.foreground,
         on_ready=ready,
     )
@@ -486,8 +486,11 @@ def _unmount(ctx: Context, args: argparse.Namespace) -> None:
     print(f"{PROG}: {args.mountpoint}: {how}", file=sys.stderr)
 
 
-def _progress(verb: str) -> Progress:
-    return Progress(verb, sys.stderr, tty=sys.stderr.isatty())
+def _progress(verb: str, settings: Settings) -> Progress:
+    """The progress line; with DATAMOUNT_METRICS_PORT, its counters as metrics too."""
+    port = settings.metrics_port
+    metrics = None if port is None else (settings.metrics_host, port)
+    return Progress(verb, sys.stderr, tty=sys.stderr.isatty(), metrics=metrics)
 
 
 def _summary(verb: str, files: int, nbytes: int, seconds: float, skipped: int, why: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 from datamount.errors import InvalidInput
 from datamount.mltable import readers
+from datamount.mltable.delimited import read_delimited
 from datamount.mltable.evaluate import Stores, locate
 from datamount.mltable.layout import EvalFile
 from datamount.mltable.model import ReadDelimited, ReadJsonLines, ReadParquet, Step, parse_mltable
@@ -31,8 +32,8 @@ from datamount.workspace import Workspace
 Record = dict[str, Any]
 
 _BY_SUFFIX: dict[str, tuple[Callable[..., Iterator[readers.Chunk]], Any]] = {
-    ".csv": (readers.read_delimited, ReadDelimited()),
-    ".tsv": (readers.read_delimited, ReadDelimited(delimiter="\t")),
+    ".csv": (read_delimited, ReadDelimited()),
+    ".tsv": (read_delimited, ReadDelimited(delimiter="\t")),
     ".parquet": (readers.read_parquet, ReadParquet()),
     ".pq": (readers.read_parquet, ReadParquet()),
     ".jsonl": (readers.read_json_lines, ReadJsonLines()),
@@ -40,7 +41,7 @@ _BY_SUFFIX: dict[str, tuple[Callable[..., Iterator[readers.Chunk]], Any]] = {
     ".ndjson": (readers.read_json_lines, ReadJsonLines()),
 }
 _READ_STEPS: dict[str, Callable[..., Iterator[readers.Chunk]]] = {
-    "read_delimited": readers.read_delimited,
+    "read_delimited": read_delimited,
     "read_parquet": readers.read_parquet,
     "read_json_lines": readers.read_json_lines,
 }
