@@ -75,6 +75,23 @@ def read_registry_file(path: Path) -> dict[str, dict[str, list[dict[str, Any]]]]
     return sections
 
 
+def read_components(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """The components registered with `datamount component create`, per name
+    (each version: `{version, created, component: <its YAML mapping>}`)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise WorkspaceError(f"asset registry {path}: cannot read it: {exc}") from None
+    components = data.get("components", {}) if isinstance(data, dict) else None
+    if not isinstance(components, dict) or not all(
+        isinstance(v, list) for v in components.values()
+    ):
+        raise WorkspaceError(f"asset registry {path}: expected 'components:' lists of versions")
+    return {str(k): list(v) for k, v in components.items()}
+
+
 def read_registry(path: Path) -> dict[str, list[dict[str, Any]]]:
     """The data asset versions registered by jobs, per asset name."""
     return read_registry_file(path).get("data_assets", {})

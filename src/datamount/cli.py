@@ -35,6 +35,7 @@ from datamount.errors import (
     DataError,
     DatamountError,
     OutputError,
+    SpecError,
     StorageError,
 )
 from datamount.log import RUNTIME_LOG, setup_logging, shutdown_logging
@@ -207,6 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
         "mount per refresh; Ctrl-C ends it",
     )
 
+    for noun, what in (("data", "a data asset"), ("component", "a command component")):
+        p = sub.add_parser(noun, help=f"register {what} YAML in the local registry")
+        verbs = p.add_subparsers(dest="verb", metavar="VERB")
+        verbs.required = True
+        v = verbs.add_parser(
+            "create", parents=[common], help=f"register {what} (as az ml {noun} create)"
+        )
+        v.add_argument("file", metavar="FILE", help=f"{what} YAML")
+        v.add_argument(
+            "--version", metavar="V", help="the version (default: the file's, else the next)"
+        )
+
     p = sub.add_parser(
         "run",
         parents=[common],
@@ -220,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
             "not be written; 2 for an invalid job."
         ),
     )
-    p.add_argument("job", metavar="JOB", help="Azure ML command job YAML")
+    p.add_argument("job", metavar="JOB", help="Azure ML command or pipeline job YAML")
     p.add_argument(
         "--workdir",
         metavar="DIR",
@@ -310,12 +323,20 @@ def _run(ctx: Context, args: argparse.Namespace) -> int:
         "mount": _mount,
         "unmount": _unmount,
         "status": _status,
+        "data": _create,
+        "component": _create,
     }
     commands[args.command](ctx, args)
     return EXIT_OK
 
 
 def _validate(ctx: Context, args: argparse.Namespace) -> None:
+    from datamount.pipeline import commands
+
+    kind = commands.file_kind(Path(args.spec))
+    if kind != "job":
+        print(commands.validate_file(ctx, Path(args.spec), kind))
+        return
     result = validate(ctx, Path(args.spec))
     spec = result.spec
     checked = (
@@ -327,6 +348,13 @@ def _validate(ctx: Context, args: argparse.Namespace) -> None:
         f"{args.spec}: valid ({spec.shape} spec, {len(spec.data_inputs)} data inputs, "
         f"{len(spec.outputs)} outputs; {checked})"
     )
+
+
+def _create(ctx: Context, args: argparse.Namespace) -> None:
+    from datamount.pipeline import commands
+
+    create = commands.data_create if args.command == "data" else commands.component_create
+    print(f"{PROG}: {create(ctx, Path(args.file), args.version)}", file=sys.stderr)
 
 
 def _resolve(ctx: Context, args: argparse.Namespace) -> None:
@@ -383,7 +411,15 @@ def _run_job(args: argparse.Namespace) -> int:
     """`run`: check the job with settings from the environment plus the job's
     environment_variables, then run it in its working folder, logging there."""
     from datamount import jobrun
+    from datamount.pipeline import commands
 
+    kind = commands.file_kind(Path(args.job))
+    if kind == "sweep":
+        return _fail(SpecError(f"{args.job}: {commands.SWEEP}"))
+    if kind == "pipeline":
+        from datamount.pipeline.cli_run import run_pipeline
+
+        return run_pipeline(args, start_logging=_start_logging, fail=_fail, guarded=_guarded)
     try:
         run_name = jobrun.run_name(load_spec(Path(args.job)).name)
         spec = load_spec(Path(args.job), run_name=run_name)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from datamount.atomicfile import locked, write_atomic
-from datamount.catalog import kind_of, read_registry_file
+from datamount.catalog import kind_of, read_components, read_registry_file
 from datamount.errors import WorkspaceError
 from datamount.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE
 from datamount.workspace import Workspace, registry_path, version_key
@@ -82,7 +82,42 @@ def register(
         entry["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         entries.append(entry)
         entries.sort(key=lambda e: version_key(str(e.get("version"))))
-        kept = {k: v for k, v in sections.items() if v or k == "data_assets"}
+        kept: dict[str, Any] = {k: v for k, v in sections.items() if v or k == "data_assets"}
+        components = read_components(target)
+        if components:
+            kept["components"] = components
         body = yaml.safe_dump(kept, sort_keys=True, allow_unicode=True)
+        write_atomic(target, HEADER + body)
+    return chosen
+
+
+def register_component(
+    workspace: Workspace, name: str, version: str | None, component: dict[str, Any]
+) -> str:
+    """Register a component definition (its YAML mapping, with `code` made
+    absolute) as `name` at `version` (or the next number); returns the version."""
+    if workspace.source is None:
+        raise WorkspaceError(
+            f"component {name!r}: registering needs a workspace file "
+            "(--workspace FILE or DATAMOUNT_WORKSPACE)"
+        )
+    target = registry_path(workspace.source, workspace.config)
+    with locked(target):
+        sections: dict[str, Any] = {k: v for k, v in read_registry_file(target).items() if v}
+        sections.setdefault("data_assets", {})
+        components = read_components(target)
+        entries = components.setdefault(name, [])
+        taken = [str(e.get("version")) for e in entries]
+        chosen = version if version is not None else next_version(taken)
+        if chosen in taken:
+            raise WorkspaceError(
+                f"component {name}:{chosen} is already registered; choose another version "
+                "or leave it out to take the next one"
+            )
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        entries.append({"version": chosen, "created": created, "component": component})
+        entries.sort(key=lambda e: version_key(str(e.get("version"))))
+        sections["components"] = components
+        body = yaml.safe_dump(sections, sort_keys=True, allow_unicode=True)
         write_atomic(target, HEADER + body)
     return chosen

@@ -1,0 +1,93 @@
+"""`datamount run PIPELINE.yml`: check the whole pipeline (nothing starts on
+a bad one: exit 2), then run its steps (runner.py) in `--workdir` (default
+a temporary folder, removed at the end but for each step's `system_logs`
+when a step failed, or kept whole with --keep). The parallelism is
+DATAMOUNT_PIPELINE_PARALLEL (default 2). No threads of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from datamount import jobrun
+from datamount.context import Context
+from datamount.errors import EXIT_OK, DatamountError, SettingsError
+from datamount.pipeline.commands import prepare_run
+from datamount.pipeline.runner import PipelineRun
+from datamount.settings import Settings
+
+PROG = "datamount"
+DEFAULT_PARALLEL = 2
+
+
+def run_pipeline(
+    args: argparse.Namespace,
+    *,
+    start_logging: Callable[[Settings, str], None],
+    fail: Callable[[DatamountError], int],
+    guarded: Callable[[str, Settings, Callable[[], int]], int],
+) -> int:
+    path = Path(args.job)
+    env = dict(os.environ)
+    try:
+        parallel = _parallel(env)
+        run = jobrun.run_name(path.stem)
+        settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
+        ctx = Context(settings, env, Path.cwd(), args.workspace, run)
+        pipeline, jobs = prepare_run(ctx, path)
+    except DatamountError as exc:
+        return fail(exc)
+    temporary = args.workdir is None
+    try:
+        if temporary:
+            workdir = Path(tempfile.mkdtemp(prefix=f"datamount-{run}-"))
+        else:
+            workdir = Path(args.workdir).resolve()
+            workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return fail(DatamountError(f"--workdir {args.workdir}: {exc.strerror or exc}"))
+    log_dir = args.log_dir or workdir / "system_logs" / "data_capability"
+    settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=log_dir)
+    start_logging(settings, "run")
+    ctx = Context(settings, env, Path.cwd(), args.workspace, run)
+    argv = [sys.executable, "-m", "datamount.cli"]
+    if ctx.workspace_path().is_file():
+        argv += ["--workspace", str(ctx.workspace_path().resolve())]
+    argv += ["--cache-dir", str(settings.cache_dir)]
+
+    def say(line: str) -> None:
+        try:
+            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+        except OSError:  # a closed stderr must not stop the steps
+            return
+
+    say(f"pipeline {run}: {len(jobs)} steps in {workdir}")
+    runner = PipelineRun(ctx, pipeline, jobs, workdir, argv=argv, say=say, parallel=parallel)
+    code = guarded("run", settings, runner.run)
+    if temporary and not args.keep:
+        _cleanup(workdir, settings.cache_dir, keep_logs=code != EXIT_OK)
+        if code != EXIT_OK:
+            say(f"step logs kept in {workdir}/<step>/system_logs")
+    return code
+
+
+def _parallel(env: dict[str, str]) -> int:
+    raw = env.get("DATAMOUNT_PIPELINE_PARALLEL", str(DEFAULT_PARALLEL))
+    if not raw.isdigit() or int(raw) < 1:
+        raise SettingsError(f"DATAMOUNT_PIPELINE_PARALLEL: {raw!r} is not a whole number >= 1")
+    return int(raw)
+
+
+def _cleanup(workdir: Path, cache_dir: Path, *, keep_logs: bool) -> None:
+    """Each step's folder goes through jobrun.cleanup (never through a mount)."""
+    for child in list(workdir.iterdir()):
+        if child.is_dir() and child.name != "system_logs":
+            jobrun.cleanup(child, cache_dir, remove=True, keep_logs=keep_logs)
+    if not keep_logs:
+        shutil.rmtree(workdir, ignore_errors=True)

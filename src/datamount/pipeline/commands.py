@@ -1,0 +1,152 @@
+"""The bodies of the commands about YAML kinds other than one command job:
+`validate` of a data asset, a component or a pipeline, `data create`,
+`component create`, and the checks `run` makes of a pipeline before
+starting any step. Each returns the line to print or raises a
+DatamountError. No threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from datamount import jobrun
+from datamount.context import Context
+from datamount.errors import InvalidInput, SpecError
+from datamount.pipeline import kinds
+from datamount.pipeline.graph import RUNNABLE, ComponentLookup, Pipeline, load_pipeline, read_yaml
+from datamount.pipeline.steps import check_steps
+from datamount.spec import JobSpec, parse_spec
+from datamount.spectable import DEFAULT_DATASTORE
+from datamount.workspace import Workspace
+
+SWEEP = (
+    "sweep jobs are not supported (one node runs no hyperparameter search); "
+    "run its trial as a command job"
+)
+
+
+def file_kind(path: Path) -> str:
+    """The kind of the YAML at `path` ('job' when it cannot be read: spec.py says why)."""
+    try:
+        return kinds.kind_of(read_yaml(path, str(path)))
+    except InvalidInput:
+        return "job"
+
+
+def validate_file(ctx: Context, path: Path, kind: str) -> str:
+    """`validate` of a data asset, component, pipeline or sweep YAML: the line to print."""
+    data = read_yaml(path, str(path))
+    workspace = ctx.load_workspace(required=False)
+    checked = (
+        f"checked against {workspace.source}"
+        if workspace is not None
+        else f"workspace not checked: {ctx.workspace_path()} not found"
+    )
+    if kind == "sweep":
+        raise SpecError(f"{path}: {SWEEP}")
+    if kind == "data":
+        name, version, type_, where = kinds.check_data(data)
+        label = f"{name}:{version}" if version else name
+        return f"{path}: valid (data asset {label}, {type_} at {where})"
+    if kind == "component":
+        name = kinds.check_component(data, path)
+        return f"{path}: valid (command component {name}, {len(data.get('inputs') or {})} inputs)"
+    pipeline, specs = check_pipeline(ctx, path, workspace)
+    unchecked = [n for n, s in pipeline.steps.items() if not s.checked]
+    note = f"; components not checked: {', '.join(unchecked)}" if unchecked else ""
+    return (
+        f"{path}: valid (pipeline job, {len(pipeline.steps)} steps: "
+        f"{', '.join(pipeline.order)}; {checked}{note})"
+    )
+
+
+def _lookup(workspace: Workspace | None) -> ComponentLookup:
+    def lookup(reference: str, where: str) -> tuple[dict[str, Any], Path] | None:
+        if workspace is None:
+            return None
+        return kinds.find_component(workspace, reference, where)
+
+    return lookup
+
+
+def check_pipeline(
+    ctx: Context, path: Path, workspace: Workspace | None, run: str = "validate"
+) -> tuple[Pipeline, dict[str, JobSpec]]:
+    pipeline = load_pipeline(path, _lookup(workspace))
+    if "default_datastore" not in pipeline.settings and workspace is not None:
+        default = (workspace.config.model_extra or {}).get("default_datastore")
+        if default:
+            pipeline.settings["default_datastore"] = str(default)
+    return pipeline, check_steps(pipeline, run)
+
+
+def prepare_run(ctx: Context, path: Path) -> tuple[Pipeline, dict[str, dict[str, Any]]]:
+    """Everything `run` checks of a pipeline before any step starts: the
+    graph, every step as a job, and each step's data (jobrun.check)."""
+    from datamount.pipeline.steps import all_jobs
+
+    workspace = ctx.load_workspace(required=False)
+    run = ctx.run_name or path.stem
+    pipeline, specs = check_pipeline(ctx, path, workspace, run)
+    problems: list[str] = []
+    for name, step in pipeline.steps.items():
+        if step.type not in RUNNABLE:
+            problems.append(
+                f"jobs.{name}: a {step.type} step cannot run on one node (`validate` accepts it)"
+            )
+        elif not step.checked:
+            problems.append(f"jobs.{name}: its component needs a workspace file")
+    if problems:
+        raise SpecError(problems)
+    for name, spec in specs.items():
+        try:
+            jobrun.check(ctx, spec)
+        except InvalidInput as exc:
+            problems += [f"jobs.{name}: {p}" for p in exc.problems]
+    if problems:
+        raise SpecError(problems)
+    return pipeline, all_jobs(pipeline, run)
+
+
+def data_create(ctx: Context, path: Path, version: str | None) -> str:
+    """`data create FILE`: register the data asset (a local path uploaded first)."""
+    from datamount.modes import transfer
+    from datamount.registry import register
+    from datamount.uris import LocationKind, parse
+
+    data = read_yaml(path, str(path))
+    name, chosen, type_, where = kinds.check_data(data, version)
+    workspace = ctx.workspace()
+    target = where
+    if parse(where, "path").kind is LocationKind.LOCAL:
+        local = (path.parent / where).resolve()
+        if not local.exists():
+            raise SpecError(f"path: {local} does not exist")
+        store = (workspace.config.model_extra or {}).get("default_datastore") or DEFAULT_DATASTORE
+        folder = f"azureml://datastores/{store}/paths/LocalUpload/{name}/{chosen or 'next'}/"
+        target = folder + local.name if local.is_file() else folder
+        transfer.upload(ctx, local, target)
+    registered = register(
+        workspace, name, chosen or None, type_=type_, path=target,
+        description=data.get("description"),
+    )  # fmt: skip
+    return f"registered data asset {name}:{registered} ({type_} at {target})"
+
+
+def component_create(ctx: Context, path: Path, version: str | None) -> str:
+    from datamount.registry import register_component
+
+    data = read_yaml(path, str(path))
+    name = kinds.check_component(data, path)
+    chosen = version if version is not None else data.get("version")
+    stored = dict(data)
+    if stored.get("code") is not None:
+        stored["code"] = str((path.parent / str(stored["code"])).resolve())
+    registered = register_component(
+        ctx.workspace(), name, None if chosen is None else str(chosen), stored
+    )
+    return f"registered component {name}:{registered}"
+
+
+__all__ = ["SWEEP", "component_create", "data_create", "file_kind", "parse_spec", "prepare_run"]

@@ -1,0 +1,169 @@
+"""The command job each pipeline step runs as, with its bindings resolved.
+
+A step's inputs are its component's declarations overlaid with the values
+the pipeline gives; `${{parent.inputs.x}}` takes the pipeline input's data
+(in the step's own mode), `${{parent.jobs.<s>.outputs.<o>}}` the place step
+`<s>` writes `<o>` to. A step output lands at
+`azureml://datastores/<default>/paths/<pipeline run>/<step>/<output>/`
+unless it binds to a pipeline output (then where that one goes, registered
+by the pipeline, not the step). Local paths become absolute (relative to
+the file they are written in). Pure: no I/O. No threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from datamount.errors import SpecError
+from datamount.pipeline.graph import RUNNABLE, Pipeline, Step, binding_of, output_type
+from datamount.spec import JobSpec, parse_spec
+from datamount.specliteral import LITERAL_TYPES
+from datamount.spectable import DataType, data_type, default_output_path, expand_output_path
+
+SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
+DECLARED_KEYS = ("type", "mode", "optional", "description")
+JOB_KEYS = ("command", "environment_variables", "identity")
+
+
+def absolute(raw: Any, base: Path) -> Any:
+    """`raw` (an entry mapping) with a local relative `path` made absolute."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
+        return raw
+    path: str = raw["path"]
+    if "://" in path or path.startswith(("azureml:", "${{", "/", "~")) or ":" in path[:3]:
+        return raw
+    joined = str((base / path).resolve()) + ("/" if path.endswith("/") else "")
+    return {**raw, "path": joined}
+
+
+def parent_output_path(pipeline: Pipeline, name: str, run: str) -> tuple[str, DataType]:
+    raw = pipeline.outputs.get(name)
+    raw = raw if isinstance(raw, dict) else {}
+    kind = data_type(raw.get("type", "uri_folder")) or DataType.URI_FOLDER
+    path = raw.get("path")
+    if not isinstance(path, str):
+        return default_output_path(run, name, kind, pipeline.default_datastore), kind
+    problems: list[str] = []
+    expanded = expand_output_path(
+        path, f"outputs.{name}.path", run_name=run, output=name,
+        datastore=pipeline.default_datastore, problems=problems,
+    )  # fmt: skip
+    if problems:
+        raise SpecError(problems)
+    return str(absolute({"path": expanded}, pipeline.source.parent)["path"]), kind
+
+
+def step_outputs(pipeline: Pipeline, step: Step, run: str) -> dict[str, dict[str, Any]]:
+    """Every output of `step` as a command-job output entry."""
+    result: dict[str, dict[str, Any]] = {}
+    declared = step.declared("outputs")
+    for name in {**declared, **step.outputs}:
+        decl = declared.get(name) if isinstance(declared.get(name), dict) else {}
+        value = step.outputs.get(name)
+        entry = {k: v for k, v in (decl or {}).items() if k in DECLARED_KEYS}
+        binding = binding_of(value)
+        if binding is not None and binding.group == "outputs":
+            path, kind = parent_output_path(pipeline, binding.name, run)
+            parent = pipeline.outputs.get(binding.name)
+            parent = parent if isinstance(parent, dict) else {}
+            entry.update({k: v for k, v in parent.items() if k in ("type", "mode")})
+            entry.setdefault("type", kind.value)
+            entry["path"] = path
+        else:
+            if isinstance(value, dict):
+                entry.update(absolute(value, pipeline.source.parent))
+            kind = output_type(pipeline, step, name) or DataType.URI_FOLDER
+            entry.setdefault("type", kind.value)
+            if "path" not in entry:
+                where = f"{run}/{step.name}"
+                entry["path"] = default_output_path(where, name, kind, pipeline.default_datastore)
+        result[name] = entry
+    return result
+
+
+def step_inputs(
+    pipeline: Pipeline, step: Step, run: str, landed: dict[str, dict[str, dict[str, Any]]]
+) -> dict[str, Any]:
+    """Every input of `step`; `landed`: the outputs of the steps it reads."""
+    result: dict[str, Any] = {}
+    declared = step.declared("inputs")
+    for name in {**declared, **step.inputs}:
+        decl_raw = declared.get(name)
+        decl = decl_raw if isinstance(decl_raw, dict) else {}
+        literal_decl = str(decl.get("type", "")).lower() in LITERAL_TYPES
+        value = step.inputs.get(name, decl_raw if name not in step.inputs else None)
+        binding = binding_of(value)
+        own = {k: v for k, v in value.items() if k != "path"} if isinstance(value, dict) else {}
+        if binding is not None and binding.group == "inputs":
+            parent = pipeline.inputs.get(binding.name)
+            if not isinstance(parent, dict) or str(parent.get("type", "")).lower() in LITERAL_TYPES:
+                result[name] = parent if not literal_decl else {**decl, "default": _literal(parent)}
+                continue
+            entry = absolute(dict(parent), pipeline.source.parent)
+            entry.pop("mode", None)
+        elif binding is not None and binding.step:
+            produced = landed.get(binding.step, {}).get(binding.name, {})
+            entry = {"type": produced.get("type", "uri_folder"), "path": produced.get("path")}
+        elif isinstance(value, dict) and not literal_decl:
+            entry = absolute(
+                dict(value), pipeline.source.parent if name in step.inputs else step.base
+            )
+        else:
+            result[name] = value if not literal_decl else {**decl, "default": _literal(value)}
+            continue
+        for source in (decl, own):
+            entry.update({k: v for k, v in source.items() if k in DECLARED_KEYS})
+        result[name] = entry
+    return result
+
+
+def _literal(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value.get("default", value.get("value"))
+    return value
+
+
+def step_job(
+    pipeline: Pipeline, step: Step, run: str, landed: dict[str, dict[str, dict[str, Any]]]
+) -> dict[str, Any]:
+    """The command job (a mapping, as a YAML file would hold it) step `step` runs as."""
+    d = step.definition
+    job: dict[str, Any] = {"$schema": SCHEMA, "type": "command", "name": step.name}
+    job.update({k: d[k] for k in JOB_KEYS if d.get(k) is not None})
+    if d.get("code") is not None:
+        job["code"] = str((step.base / str(d["code"])).resolve())
+    job["inputs"] = step_inputs(pipeline, step, run, landed)
+    job["outputs"] = step_outputs(pipeline, step, run)
+    return job
+
+
+def all_jobs(pipeline: Pipeline, run: str) -> dict[str, dict[str, Any]]:
+    """The command job of every runnable, checked step, in order."""
+    landed: dict[str, dict[str, dict[str, Any]]] = {}
+    jobs = {}
+    for name in pipeline.order:
+        step = pipeline.steps[name]
+        landed[name] = step_outputs(pipeline, step, run)
+        if step.type in RUNNABLE and step.checked:
+            jobs[name] = step_job(pipeline, step, run, landed)
+    return jobs
+
+
+def check_steps(pipeline: Pipeline, run: str) -> dict[str, JobSpec]:
+    """Each command step parsed as the job it runs as; every problem, each
+    prefixed with its step."""
+    problems: list[str] = []
+    specs = {}
+    try:
+        jobs = all_jobs(pipeline, run)
+    except SpecError as exc:
+        raise SpecError(exc.problems) from None
+    for name, job in jobs.items():
+        try:
+            specs[name] = parse_spec(job, source=pipeline.source, run_name=f"{run}_{name}")
+        except SpecError as exc:
+            problems += [f"jobs.{name}: {p}" for p in exc.problems]
+    if problems:
+        raise SpecError(problems)
+    return specs

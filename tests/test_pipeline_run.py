@@ -1,0 +1,146 @@
+"""`datamount run` of pipeline jobs, `component create` and `data create` on
+Azurite: a fan-out/fan-in pipeline (a component by file and one by
+registered name, parent inputs and outputs, one step output read as
+ro_mount by one step and downloaded by another), a failing step with and
+without `continue_on_step_failure`, and bad pipelines refused before any
+step starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from fuse_helpers import Mounts, datamount, mount_env
+
+CMD = "https://azuremlschemas.azureedge.net/latest/commandComponent.schema.json"
+PIPE = "https://azuremlschemas.azureedge.net/latest/pipelineJob.schema.json"
+
+
+def env_for(azurite, container, tmp_path: Path, **extra: str) -> dict[str, str]:  # noqa: ANN001
+    env = mount_env(azurite, tmp_path, container.container_name, **extra)
+    ws = Path(env["DATAMOUNT_WORKSPACE"])
+    ws.write_text(ws.read_text().replace("  store:", "  workspaceblobstore:"))
+    return env
+
+
+def write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def components(tmp_path: Path) -> None:
+    write(tmp_path / "prep.yml", {
+        "$schema": CMD, "name": "prep", "version": "1", "type": "command",
+        "inputs": {"raw": {"type": "uri_folder"}, "n": {"type": "integer", "default": 1}},
+        "outputs": {"out": {"type": "uri_folder", "mode": "upload"}},
+        "command": "cp -r ${{inputs.raw}}/. ${{outputs.out}}/ && echo ${{inputs.n}} > ${{outputs.out}}/n",
+    })  # fmt: skip
+    write(tmp_path / "counter.yml", {
+        "$schema": CMD, "name": "counter", "version": "1", "type": "command",
+        "inputs": {"x": {"type": "uri_folder", "mode": "download"}},
+        "outputs": {"o": {"type": "uri_folder", "mode": "upload"}},
+        "command": "ls ${{inputs.x}} | sort > ${{outputs.o}}/files && test -f ${{inputs.x}}/n",
+    })  # fmt: skip
+
+
+def step(command: str, inputs: dict, outputs: dict | None = None) -> dict:
+    return {"type": "command", "command": command, "inputs": inputs, "outputs": outputs or {}}
+
+
+def test_a_fan_out_fan_in_pipeline_runs_end_to_end(
+    azurite,
+    container,
+    tmp_path: Path,
+    mounts: Mounts,  # noqa: ANN001
+) -> None:
+    container.upload_blob("data/a.txt", b"alpha\n")
+    container.upload_blob("data/b.txt", b"beta\n")
+    env = env_for(azurite, container, tmp_path)
+    components(tmp_path)
+    made = datamount("component", "create", str(tmp_path / "counter.yml"), env=env)
+    assert made.returncode == 0, made.stderr
+    assert "registered component counter:1" in made.stderr
+    pipeline = write(tmp_path / "pipe.yml", {
+        "$schema": PIPE, "type": "pipeline",
+        "settings": {"default_compute": "azureml:cpu"},
+        "inputs": {"raw": {"type": "uri_folder",
+                           "path": "azureml://datastores/workspaceblobstore/paths/data/"},
+                   "n": 3},
+        "outputs": {"final": {"type": "uri_folder", "name": "final",
+                              "path": "azureml://datastores/workspaceblobstore/paths/out/final/"}},
+        "jobs": {
+            "prep": {"component": "./prep.yml",
+                     "inputs": {"raw": {"path": "${{parent.inputs.raw}}", "mode": "download"},
+                                "n": "${{parent.inputs.n}}"}},
+            "mounted": step("cat ${{inputs.x}}/a.txt ${{inputs.x}}/n > ${{outputs.o}}/cat",
+                            {"x": {"path": "${{parent.jobs.prep.outputs.out}}",
+                                   "mode": "ro_mount"}},
+                            {"o": {"type": "uri_folder", "mode": "upload"}}),
+            "count": {"component": "azureml:counter:1",
+                      "inputs": {"x": "${{parent.jobs.prep.outputs.out}}"}},
+            "join": step("cat ${{inputs.c}}/cat ${{inputs.f}}/files > ${{outputs.all}}/all",
+                         {"c": {"path": "${{parent.jobs.mounted.outputs.o}}", "mode": "download"},
+                          "f": {"path": "${{parent.jobs.count.outputs.o}}", "mode": "download"}},
+                         {"all": "${{parent.outputs.final}}"}),
+        },
+    })  # fmt: skip
+    workdir = tmp_path / "work"
+    mounts.point(workdir / "mounted" / "inputs" / "x")
+    out = datamount("run", str(pipeline), "--workdir", str(workdir), env=env)
+    assert out.returncode == 0, out.stderr
+    result = container.download_blob("out/final/all").readall().decode()
+    assert result == "alpha\n3\na.txt\nb.txt\nn\n"
+    names = [b.name for b in container.list_blobs(name_starts_with="pipe_")]
+    assert any(n.endswith("/prep/out/a.txt") for n in names), names  # <run>/<step>/<output>/
+    assert (workdir / "count" / "system_logs" / "std_log.txt").is_file()
+    assert (workdir / "join" / "system_logs" / "data_capability").is_dir()
+    ws = Path(env["DATAMOUNT_WORKSPACE"])
+    registry = yaml.safe_load((ws.parent / "ws.assets.yaml").read_text())
+    assert registry["data_assets"]["final"][0]["path"].endswith("/paths/out/final/")
+    assert registry["components"]["counter"][0]["version"] == "1"
+
+
+def test_a_failing_step_stops_its_dependents(azurite, container, tmp_path: Path) -> None:  # noqa: ANN001
+    env = env_for(azurite, container, tmp_path, DATAMOUNT_PIPELINE_PARALLEL="1")
+    jobs = {
+        "bad": step("exit 7", {}, {"o": {"type": "uri_folder", "mode": "upload"}}),
+        "after": step("true", {"x": {"path": "${{parent.jobs.bad.outputs.o}}",
+                                     "mode": "download"}}),
+        "ok": step("echo fine", {}),
+    }  # fmt: skip
+    go_on = {"$schema": PIPE, "type": "pipeline", "jobs": jobs,
+             "settings": {"continue_on_step_failure": True}}  # fmt: skip
+    out = datamount("run", str(write(tmp_path / "on.yml", go_on)), env=env)
+    assert out.returncode == 7, out.stderr
+    assert "[ok] fine" in out.stderr
+    assert "[after] not run: a step it reads failed" in out.stderr
+    assert "step bad failed (exit 7)" in out.stderr.splitlines()[-2]
+    stop = {**go_on, "settings": {}}
+    workdir = tmp_path / "work"
+    out = datamount("run", str(write(tmp_path / "stop.yml", stop)), "--workdir", str(workdir),
+                    env=env)  # fmt: skip
+    assert out.returncode == 7, out.stderr
+    assert "[ok] not run: the pipeline stopped" in out.stderr
+    assert (workdir / "bad" / "system_logs" / "std_log.txt").is_file()
+
+
+def test_bad_pipelines_exit_2_before_any_step(tmp_path: Path, azurite, container) -> None:  # noqa: ANN001
+    env = env_for(azurite, container, tmp_path)
+    marker = tmp_path / "ran"
+    jobs = {
+        "a": step(f"touch {marker}", {"x": "${{parent.jobs.b.outputs.o}}"}, {"o": {}}),
+        "b": step("true", {"x": "${{parent.jobs.a.outputs.o}}"}, {"o": {}}),
+        "c": step("true", {"x": "${{parent.jobs.zz.outputs.o}}",
+                           "y": {"type": "uri_file", "path": "${{parent.jobs.a.outputs.o}}"}}),
+        "s": {"type": "spark", "inputs": {}},
+    }  # fmt: skip
+    out = datamount("run", str(write(tmp_path / "bad.yml", {"type": "pipeline", "jobs": jobs})),
+                    env=env)  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stderr.splitlines()
+    assert any("jobs: a cycle: " in line for line in lines), lines
+    assert any("jobs.c.inputs.x: ${{parent.jobs.zz.outputs.o}} names no step" in x for x in lines)
+    assert any("is a uri_folder, but the input is a uri_file" in line for line in lines), lines
+    assert not marker.exists()
