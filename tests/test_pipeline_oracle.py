@@ -1,0 +1,127 @@
+"""The Azure ML SDK as the oracle for the kinds beside command jobs:
+pipelines (`load_job`), components (`load_component`) and data assets
+(`load_data`), under tests/specs/kinds/ (`.yaml`, so the job corpus of
+test_spec_oracle.py does not take them). Headers as there, plus
+`# loader: job|component|data`. Offline: any connection beyond loopback
+fails the test. Also unit tests of the graph (order, cycle, bindings).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_spec_oracle import _header, no_network  # noqa: F401  (the fixture)
+
+from datamount.context import Context, validate
+from datamount.errors import InvalidInput, SpecError
+from datamount.pipeline import commands
+from datamount.pipeline.graph import parse_pipeline
+from datamount.settings import Settings
+
+KINDS = sorted((Path(__file__).resolve().parent / "specs" / "kinds").glob("*.yaml"))
+
+
+def loader(name: str) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from azure.ai import ml
+    logging.getLogger("azure.ai.ml").setLevel(logging.CRITICAL)
+    return {"job": ml.load_job, "component": ml.load_component, "data": ml.load_data}[name]
+
+
+def loader_of(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith("# loader:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"{path}: no `# loader:` line")
+
+
+def verdict(path: Path, tmp_path: Path) -> str:
+    environ = {"HOME": str(tmp_path)}
+    settings = Settings.from_env(
+        environ, cache_dir=str(tmp_path / "cache"), log_dir=str(tmp_path / "logs")
+    )
+    ctx = Context(settings, environ, tmp_path)
+    try:
+        kind = commands.file_kind(path)
+        if kind == "job":
+            validate(ctx, path)
+        else:
+            commands.validate_file(ctx, path, kind)
+    except InvalidInput:
+        return "reject"
+    return "accept"
+
+
+@pytest.mark.usefixtures("no_network")
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("path", KINDS, ids=lambda p: p.name)
+def test_same_verdict_as_the_sdk(path: Path, tmp_path: Path) -> None:
+    header = _header(path)
+    try:
+        loader(loader_of(path))(path)
+        sdk = "accept"
+    except Exception:  # the SDK raises marshmallow and its own errors alike
+        sdk = "reject"
+    assert sdk == header["sdk"], f"the SDK now says {sdk}: fix the corpus header"
+    expected = sdk if "deliberate" not in header else ("reject" if sdk == "accept" else "accept")
+    assert verdict(path, tmp_path) == expected, header.get("deliberate", "disagree")
+
+
+def test_the_kinds_are_named_in_the_message(tmp_path: Path) -> None:
+    settings = Settings.from_env({}, cache_dir=str(tmp_path / "c"), log_dir=str(tmp_path / "l"))
+    ctx = Context(settings, {}, tmp_path)
+    kinds = {p.name: p for p in KINDS}
+    line = commands.validate_file(ctx, kinds["data-ok.yaml"], "data")
+    assert "valid (data asset mydata:1, uri_folder" in line
+    assert "command component prep" in commands.validate_file(
+        ctx, kinds["component-ok.yaml"], "component"
+    )
+    line = commands.validate_file(ctx, kinds["pipeline-ok.yaml"], "pipeline")
+    assert "valid (pipeline job, 2 steps: prep, a;" in line
+    with pytest.raises(SpecError, match="sweep jobs are not supported"):
+        commands.validate_file(ctx, kinds["sweep-job.yaml"], "sweep")
+
+
+def cmd(inputs: dict | None = None, outputs: dict | None = None) -> dict:
+    return {"type": "command", "command": "true", "inputs": inputs or {}, "outputs": outputs or {}}
+
+
+def out(step: str, name: str = "o") -> str:
+    return f"${{{{parent.jobs.{step}.outputs.{name}}}}}"
+
+
+def test_steps_run_in_dependency_order() -> None:
+    jobs = {
+        "join": cmd({"a": out("left"), "b": out("right")}),
+        "left": cmd({"x": out("src")}, {"o": {}}),
+        "right": cmd({"x": out("src")}, {"o": {}}),
+        "src": cmd({}, {"o": {}}),
+    }
+    pipeline = parse_pipeline({"type": "pipeline", "jobs": jobs}, Path("/p/pipe.yml"))
+    assert pipeline.order == ["src", "left", "right", "join"]
+    assert pipeline.steps["join"].depends_on() == {"left", "right"}
+
+
+def test_a_cycle_and_bad_bindings_are_one_line_each() -> None:
+    jobs = {
+        "a": cmd({"x": out("b")}, {"o": {"type": "uri_folder"}}),
+        "b": cmd({"x": out("a")}, {"o": {}}),
+        "c": cmd({"x": out("a", "zz"), "p": "${{parent.inputs.nope}}",
+                  "f": {"type": "mlflow_model", "path": out("a")}},
+                 {"q": "${{parent.outputs.nope}}"}),
+    }  # fmt: skip
+    with pytest.raises(SpecError) as caught:
+        parse_pipeline({"type": "pipeline", "jobs": jobs}, Path("/p/pipe.yml"))
+    assert sorted(caught.value.problems) == sorted([
+        "jobs: a cycle: a -> b -> a",
+        "jobs.c.inputs.x: step a has no output 'zz' (outputs: o)",
+        "jobs.c.inputs.p: ${{parent.inputs.nope}} names no pipeline input (declared: none)",
+        "jobs.c.inputs.f: ${{parent.jobs.a.outputs.o}} is a uri_folder, but the input is a "
+        "mlflow_model",
+        "jobs.c.outputs.q: ${{parent.outputs.nope}} names no pipeline output (declared: none)",
+    ])  # fmt: skip
