@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_spec_oracle import _header, no_network  # noqa: F401  (the fixture)
 
 from datamount.context import Context, validate
 from datamount.errors import InvalidInput, SpecError
 from datamount.pipeline import commands
 from datamount.pipeline.graph import parse_pipeline
 from datamount.settings import Settings
+from test_spec_oracle import _header, no_network  # noqa: F401  (the fixture)
 
 KINDS = sorted((Path(__file__).resolve().parent / "specs" / "kinds").glob("*.yaml"))
 
