@@ -144,3 +144,33 @@ def test_bad_pipelines_exit_2_before_any_step(tmp_path: Path, azurite, container
     assert any("jobs.c.inputs.x: ${{parent.jobs.zz.outputs.o}} names no step" in x for x in lines)
     assert any("is a uri_folder, but the input is a uri_file" in line for line in lines), lines
     assert not marker.exists()
+
+
+def test_data_create_uploads_a_local_path_once_per_version_and_registers_it(
+    azurite,
+    container,
+    tmp_path: Path,  # noqa: ANN001
+) -> None:
+    env = env_for(azurite, container, tmp_path)
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "a.csv").write_text("x\n1\n")
+    asset = write(tmp_path / "asset.yml", {"name": "sales", "type": "uri_folder", "path": "./v1"})
+    out = datamount("data", "create", str(asset), env=env)
+    assert out.returncode == 0, out.stderr
+    assert "registered data asset sales:1" in out.stderr
+    (tmp_path / "v1" / "a.csv").write_text("x\n2\n")  # the next version's bytes
+    out = datamount("data", "create", str(asset), env=env)
+    assert out.returncode == 0, out.stderr
+    assert "registered data asset sales:2" in out.stderr
+    got = {}
+    for version in ("1", "2"):
+        dest = tmp_path / f"got{version}"
+        out = datamount("download", f"azureml:sales:{version}", str(dest), env=env)
+        assert out.returncode == 0, out.stderr
+        got[version] = (dest / "a.csv").read_text()
+    assert got == {"1": "x\n1\n", "2": "x\n2\n"}  # version 1 still points at its own bytes
+    missing = write(tmp_path / "missing.yml", {"name": "gone", "type": "uri_folder",
+                                               "path": "./nope"})  # fmt: skip
+    out = datamount("data", "create", str(missing), env=env)
+    assert out.returncode == 2 and "does not exist" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -7,6 +7,7 @@ DatamountError. No threads.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,9 @@ def data_create(ctx: Context, path: Path, version: str | None) -> str:
         if not local.exists():
             raise SpecError(f"path: {local} does not exist")
         store = (workspace.config.model_extra or {}).get("default_datastore") or DEFAULT_DATASTORE
-        folder = f"azureml://datastores/{store}/paths/LocalUpload/{name}/{chosen or 'next'}/"
+        # A fresh folder per upload, as Azure ML's LocalUpload/<id>/: a later
+        # version never overwrites the bytes an earlier one points at.
+        folder = f"azureml://datastores/{store}/paths/LocalUpload/{uuid.uuid4().hex}/"
         target = folder + local.name if local.is_file() else folder
         transfer.upload(ctx, local, target)
     registered = register(
