@@ -32,6 +32,11 @@ class StorageLocation:
     - BLOB / ADLS: `path` is the blob name or prefix inside `container`
       ('' = the container root, a trailing '/' marks a folder), `endpoint`
       is the account's *blob* endpoint (ADLS reads go through it too).
+
+    `replicas`: other copies of the same data (the spec's `replicas:`, an
+    extension), each a plain location; `prefer` is the index, in
+    [this, *replicas], of the copy to read first (RANK % n). A store for a
+    location with replicas is a storage.replicas.ReplicaStore.
     """
 
     kind: StorageKind
@@ -41,6 +46,8 @@ class StorageLocation:
     endpoint: str = ""
     endpoint_suffix: str = DEFAULT_SUFFIX
     credential: Credential = field(default_factory=Credential.anonymous)
+    replicas: tuple[StorageLocation, ...] = ()
+    prefer: int = 0
 
     @property
     def is_azure(self) -> bool:
@@ -97,6 +104,8 @@ class StorageLocation:
             self.endpoint,
             self.endpoint_suffix,
             self.credential,
+            tuple(r.child(relative) for r in self.replicas),
+            self.prefer,
         )
 
     def __str__(self) -> str:

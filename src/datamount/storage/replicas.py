@@ -212,9 +212,7 @@ class ReplicaStore(ReadOnlyStore):
         raise error
 
     def read(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
-        return self._pinned(
-            key, etag, lambda store, k, e: store.read(k, offset, length, etag=e)
-        )
+        return self._pinned(key, etag, lambda store, k, e: store.read(k, offset, length, etag=e))
 
     def read_into(
         self, key: str, offset: int, buffer: memoryview, *, etag: str | None = None
