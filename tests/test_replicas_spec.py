@@ -79,13 +79,17 @@ def test_each_rank_prefers_replica_rank_mod_n(tmp_path: Path, rank: int, prefer:
     )
     ctx = _context(tmp_path, RANK=str(rank))
     location = ctx.resolve(spec, spec.entry(None))
-    assert [r.path for r in location.replicas] == [str(tmp_path / n) + "/" for n in "bc"]
+    assert [r.path for r in location.replicas] == [str(tmp_path / n) + "/" for n in "abc"]
     assert location.prefer == prefer
     store = store_for(ctx.settings, location, RetryPolicy())
     assert isinstance(store, ReplicaStore) and store.preferred == prefer
     store.close()
-    # a child keeps its replicas (an MLTable's files, a mount's paths)
-    assert location.child("d0/f000.txt").replicas[0].path.endswith("/b/d0/f000.txt")
+    # a location derived from it (an MLTable's files) reads the same copy
+    child = store_for(ctx.settings, location.child("d0/f000.txt"), RetryPolicy())
+    assert isinstance(child, ReplicaStore) and child.preferred == prefer
+    info = child.stat(location.child("d0/f000.txt").key)
+    assert info.key.endswith("/a/d0/f000.txt") and info.etag.startswith(f"r{prefer}:")
+    child.close()
 
 
 def test_a_bad_rank_is_one_clear_line(tmp_path: Path) -> None:

@@ -93,7 +93,7 @@ class Context:
         `replicas:`, every copy, and the one to read first: RANK % copies."""
         location = resolve_entry(spec, entry, self.workspace(), rank=self.rank())
         if location.replicas:
-            copies = [location, *location.replicas]
+            copies = location.replicas
             log.info(
                 "%ss.%s: %d replicas; this node (RANK %d) reads %s first",
                 entry.direction, entry.name, len(copies), self.rank(),
@@ -155,7 +155,7 @@ def resolve_entry(
         raise SpecError(problems)
     if len(copies) == 1:
         return copies[0]
-    return dataclasses.replace(copies[0], replicas=tuple(copies[1:]), prefer=rank % len(copies))
+    return dataclasses.replace(copies[0], replicas=tuple(copies), prefer=rank % len(copies))
 
 
 def all_entries(spec: JobSpec) -> list[DataInput]:

@@ -80,8 +80,9 @@ def store_for(settings: Settings, location: StorageLocation, retry: RetryPolicy)
     worker that may hold one at a time, stalled reads abandoned after
     DATAMOUNT_STALL_TIMEOUT_SECONDS, HTTPS trusting REQUESTS_CA_BUNDLE too.
 
-    A location with replicas gets a ReplicaStore over one store per copy,
-    reading `location.prefer` first (storage.replicas)."""
+    A location with replicas (inside the first copy's store) gets a
+    ReplicaStore over one store per copy, reading `location.prefer` first
+    (storage.replicas)."""
     pool = max(settings.downloader_threads, settings.read_threads)
 
     def one(copy: StorageLocation) -> ObjectStore:
@@ -93,11 +94,11 @@ def store_for(settings: Settings, location: StorageLocation, retry: RetryPolicy)
             ca_bundle=settings.ca_bundle,
         )
 
-    if not location.replicas:
-        return one(location)
+    copies = location.replicas
+    if not copies or copies[0].store_root != location.store_root:
+        return one(dataclasses.replace(location, replicas=(), prefer=0))
     from datamount.storage.replicas import Replica, ReplicaStore
 
-    copies = [dataclasses.replace(location, replicas=(), prefer=0), *location.replicas]
     return ReplicaStore(
         [Replica(one(copy), copy.key, copy.uri()) for copy in copies], preferred=location.prefer
     )

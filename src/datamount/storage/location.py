@@ -33,10 +33,11 @@ class StorageLocation:
       ('' = the container root, a trailing '/' marks a folder), `endpoint`
       is the account's *blob* endpoint (ADLS reads go through it too).
 
-    `replicas`: other copies of the same data (the spec's `replicas:`, an
-    extension), each a plain location; `prefer` is the index, in
-    [this, *replicas], of the copy to read first (RANK % n). A store for a
-    location with replicas is a storage.replicas.ReplicaStore.
+    `replicas`: every copy of the data as resolved (the spec's `path:` first,
+    then its `replicas:`, an extension), each a plain location; `prefer` is
+    the index of the copy to read first (RANK % n). They stay as they are in
+    a location derived from this one (`child`, `dataclasses.replace`): a store
+    for any key under the first copy's is a storage.replicas.ReplicaStore.
     """
 
     kind: StorageKind
@@ -104,7 +105,7 @@ class StorageLocation:
             self.endpoint,
             self.endpoint_suffix,
             self.credential,
-            tuple(r.child(relative) for r in self.replicas),
+            self.replicas,
             self.prefer,
         )
 
