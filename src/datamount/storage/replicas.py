@@ -3,11 +3,12 @@ datastores or accounts), read from a preferred one, failing over to another
 only when the object there is provably the same content.
 
 The store presents the keys of the first replica (the spec's `path`); each
-replica holds the same objects under its own root key. Reads go to the
-replica that produced the version (etag) being read, which is the preferred
-one until it fails. A request that fails after its retries with throttling
-(429/503) or an unreachable service (an exhausted transient error) marks that
-replica down for `cooldown` seconds and moves on to the next one in order.
+replica holds the same objects under its own root key. The versions it gives
+out name their replica in the etag (`r<index>:<etag>`), and a pinned read goes
+to that replica: the preferred one, until it fails. A request that fails
+after its retries with throttling (429/503) or an unreachable service (an
+exhausted transient error) marks that replica down for `cooldown` seconds
+and moves on to the next one in order.
 Before a pinned read moves to another replica, that replica's object is
 compared with the version already seen: the same size and the same
 Content-MD5. A different size or MD5 is `ReplicaMismatch` (never a mixed
