@@ -170,8 +170,8 @@ def _download(ctx: Context, args: argparse.Namespace) -> None:
 
     with _progress("download", ctx.settings) as progress:
         result = transfer.download(
-            ctx, args.source, Path(args.dest), name=args.input,
-            overwrite=args.overwrite, progress=progress,
+            ctx, args.source, Path(args.dest), name=args.input, overwrite=args.overwrite,
+            progress=progress, shard=transfer.Shard.from_context(ctx) if args.shard else None,
         )  # fmt: skip
     print(result.path)
     print(_summary("downloaded", result.files, result.bytes, result.seconds,

@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dest", metavar="DEST", help="destination folder")
     p.add_argument("--input", metavar="NAME", help="which input (when the spec has several)")
     p.add_argument("--overwrite", action="store_true", help="ignore earlier progress; copy all")
+    p.add_argument(
+        "--shard",
+        choices=["auto"],
+        help="auto: only this node's files of a folder, split by RANK / WORLD_SIZE "
+        "(sha256 of each relative path; the same files on every rerun)",
+    )
 
     p = sub.add_parser(
         "upload",

@@ -9,13 +9,14 @@ No threads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from datamount.errors import InvalidInput, SpecError, UriError
+from datamount.errors import InvalidInput, SettingsError, SpecError, UriError
 from datamount.log import activity
 from datamount.settings import Settings
 from datamount.spec import DataInput, DataType, JobSpec, load_spec
@@ -88,8 +89,26 @@ class Context:
         return self.load_workspace(required=False) or Workspace.empty()
 
     def resolve(self, spec: JobSpec, entry: DataInput) -> StorageLocation:
-        """Where `entry`'s bytes live, with the credential to reach them."""
-        return resolve_entry(spec, entry, self.workspace())
+        """Where `entry`'s bytes live, with the credential to reach them; with
+        `replicas:`, every copy, and the one to read first: RANK % copies."""
+        location = resolve_entry(spec, entry, self.workspace(), rank=self.rank())
+        if location.replicas:
+            copies = location.replicas
+            log.info(
+                "%ss.%s: %d replicas; this node (RANK %d) reads %s first",
+                entry.direction, entry.name, len(copies), self.rank(),
+                copies[location.prefer].uri(),
+            )  # fmt: skip
+        return location
+
+    def rank(self) -> int:
+        """This node's RANK, as torchrun and Azure ML set it (0 when unset)."""
+        raw = self.environ.get("RANK", "").strip()
+        if not raw:
+            return 0
+        if not raw.isdigit():
+            raise SettingsError(f"RANK: expected a non-negative integer, got {raw!r}")
+        return int(raw)
 
     def retry(self) -> RetryPolicy:
         return RetryPolicy(retries=self.settings.http_retry_count)
@@ -104,18 +123,39 @@ class Context:
         return workspace.variables if workspace is not None else frozenset()
 
 
-def resolve_entry(spec: JobSpec, entry: DataInput, workspace: Workspace) -> StorageLocation:
-    """Where `entry`'s bytes live, with the credential to reach them."""
+def resolve_entry(
+    spec: JobSpec, entry: DataInput, workspace: Workspace, *, rank: int = 0
+) -> StorageLocation:
+    """Where `entry`'s bytes live, with the credential to reach them; its
+    `replicas:` resolved too (each a problem of its own), copy `rank % n` preferred."""
     identity = entry.identity or spec.identity
     base_dir = spec.source.parent if spec.source else None
-    return workspace.resolve(
-        entry.location,
-        where=f"{entry.direction}s.{entry.name}.path",
-        identity=identity.type.value if identity else None,
-        client_id=identity.client_id if identity else None,
-        base_dir=base_dir,
-        expected_type=entry.type.value,
-    )
+    where = f"{entry.direction}s.{entry.name}"
+    paths = [(entry.location, f"{where}.path")]
+    paths += [(r, f"{where}.replicas[{i}]") for i, r in enumerate(entry.replica_locations)]
+    problems: list[str] = []
+    copies: list[StorageLocation] = []
+    for location, here in paths:
+        try:
+            copies.append(
+                workspace.resolve(
+                    location,
+                    where=here,
+                    identity=identity.type.value if identity else None,
+                    client_id=identity.client_id if identity else None,
+                    base_dir=base_dir,
+                    expected_type=entry.type.value,
+                )
+            )
+        except InvalidInput as exc:
+            if len(paths) == 1:
+                raise
+            problems += exc.problems
+    if problems:
+        raise SpecError(problems)
+    if len(copies) == 1:
+        return copies[0]
+    return dataclasses.replace(copies[0], replicas=tuple(copies), prefer=rank % len(copies))
 
 
 def all_entries(spec: JobSpec) -> list[DataInput]:

@@ -32,6 +32,7 @@ from datamount.spectable import (
     default_output_path,
     expand_output_path,
     mode,
+    replica_locations,
 )
 from datamount.uris import Location, parse
 
@@ -83,6 +84,8 @@ class DataInput(BaseModel):
     asset_name: str | None = None  # outputs: register the result as this data asset
     asset_version: str | None = None
     path_was_default: bool = Field(default=False, exclude=True)
+    replicas: tuple[str, ...] = ()  # an extension: copies of `path` (spectable.replica_locations)
+    replica_locations: tuple[Location, ...] = Field(default=(), exclude=True)
 
 
 class JobSpec(BaseModel):
@@ -318,7 +321,11 @@ def _data(
 
     if direction == "output":
         check_asset(raw, kind, where, problems)
-    skip = ("type", "mode", "path", "name", "version", "optional")
+    replicas: tuple[Location, ...] = ()
+    if location is not None and kind is not None:
+        replicas = replica_locations(raw.get("replicas"), location, kind, direction,
+                                     f"{where}.replicas", problems)  # fmt: skip
+    skip = ("type", "mode", "path", "name", "version", "optional", "replicas")
     fields = {k: v for k, v in raw.items() if k not in skip}
     if direction == "input" and ("name" in raw or "version" in raw):
         problems.append(f"{where}: 'name'/'version' register outputs; an input cannot have them")
@@ -337,6 +344,8 @@ def _data(
             asset_name=str(raw["name"]) if raw.get("name") is not None else None,
             asset_version=str(raw["version"]) if raw.get("version") is not None else None,
             path_was_default=default_path,
+            replicas=tuple(str(r) for r in raw.get("replicas") or ()),
+            replica_locations=replicas,
             **fields,
         )
     except ValidationError as exc:

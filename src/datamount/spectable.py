@@ -6,7 +6,9 @@ a path gets one on the default datastore.
 
 Also the expressions Azure ML expands in output paths (`${{name}}`...).
 
-And the checks of an entry that are about its type: a model path given to a
+And the checks of an entry that are about its type: its `replicas:` (an
+extension of the spec: other copies of the same data, each a path of the same
+kind as `path`), a model path given to a
 data-typed entry (or the reverse), and what an output may register as.
 
 Pure: no I/O. No threads.
@@ -19,7 +21,8 @@ import re
 from enum import StrEnum
 from typing import Any, Literal
 
-from datamount.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE, Location, LocationKind
+from datamount.errors import UriError
+from datamount.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE, Location, LocationKind, parse
 
 log = logging.getLogger("datamount.app")
 
@@ -166,3 +169,35 @@ def check_asset(
             f"{where}.version: {version!r} is a number in YAML: quote the version "
             "(e.g. '1.10') so it stays as written"
         )
+
+
+def replica_locations(
+    raw: object, path: Location, kind: DataType, direction: Direction, where: str,
+    problems: list[str],
+) -> tuple[Location, ...]:  # fmt: skip
+    """The `replicas:` of an entry (an extension of the spec): a list of
+    paths to copies of the same data as `path`, of the entry's type (a
+    uri_file's replicas are files); inputs only. Resolved with the workspace later."""
+    if raw is None:
+        return ()
+    if direction != "input":
+        problems.append(f"{where}: replicas are for inputs (copies to read from), not outputs")
+        return ()
+    if not isinstance(raw, list) or not raw:
+        problems.append(f"{where}: expected a non-empty list of paths to copies of `path`")
+        return ()
+    found: list[Location] = []
+    for i, item in enumerate(raw):
+        here = f"{where}[{i}]"
+        try:
+            location = parse(item, here)
+        except UriError as exc:
+            problems += exc.problems
+            continue
+        check_path_kind(location, kind, here, problems)
+        if location.raw.strip() == path.raw.strip() or location in found:
+            problems.append(f"{here}: {item!r} repeats a path already given")
+        elif kind is DataType.URI_FILE and location.is_folder:
+            problems.append(f"{here}: {item!r} names a folder; a uri_file's replicas are files")
+        found.append(location)
+    return tuple(found)

@@ -9,13 +9,22 @@ No threads of its own (the Downloader and Uploader own theirs).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from datamount.context import Context, Target, target
-from datamount.errors import DataError, ObjectNotFound, OutputError, StorageError, UriError
+from datamount.errors import (
+    DataError,
+    ObjectNotFound,
+    OutputError,
+    SettingsError,
+    StorageError,
+    UriError,
+)
 from datamount.log import activity
 from datamount.spec import DataInput, DataType, JobSpec
 from datamount.storage import ObjectStore
@@ -23,6 +32,7 @@ from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import Downloader, DownloadOptions, DownloadResult
 from datamount.transfer.progress import Progress
+from datamount.transfer.source import SourceFile, folder_pages
 
 if TYPE_CHECKING:  # imported where used: `download` starts faster without them
     from datamount.modes import How
@@ -56,6 +66,36 @@ class DownloadHandler:
         raise DataError(f"{folder} is not mounted")
 
 
+@dataclass(frozen=True)
+class Shard:
+    """`download --shard auto`: this node's part of a folder's files. A file
+    belongs to node sha256(relative path) % world_size: the same files on
+    every rerun and whatever the listing order, and a file added later moves
+    no other file to another node."""
+
+    rank: int
+    world_size: int
+
+    @classmethod
+    def from_context(cls, ctx: Context) -> Shard:
+        """RANK / WORLD_SIZE as torchrun and Azure ML set them (0 / 1 when unset)."""
+        raw = ctx.environ.get("WORLD_SIZE", "").strip() or "1"
+        if not raw.isdigit() or int(raw) < 1:
+            raise SettingsError(f"WORLD_SIZE: expected a positive integer, got {raw!r}")
+        rank, world = ctx.rank(), int(raw)
+        if rank >= world:
+            raise SettingsError(f"RANK: {rank} is not below WORLD_SIZE {world}")
+        return cls(rank, world)
+
+    def holds(self, rel: str) -> bool:
+        digest = hashlib.sha256(rel.encode("utf-8", "surrogateescape")).digest()
+        return int.from_bytes(digest[:8], "big") % self.world_size == self.rank
+
+    def pages(self, pages: Iterator[list[SourceFile]]) -> Iterator[list[SourceFile]]:
+        for page in pages:
+            yield [f for f in page if self.holds(f.rel)]
+
+
 def download(
     ctx: Context,
     source: str,
@@ -64,11 +104,12 @@ def download(
     name: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    shard: Shard | None = None,
 ) -> DownloadResult:
-    """The `download` command: a spec entry, or a bare path or URI."""
-    return download_target(
-        ctx, target(ctx, source, name, "input"), dest, overwrite=overwrite, progress=progress
-    )
+    """The `download` command: a spec entry, or a bare path or URI; with
+    `shard`, only this node's files of a folder (a single file: every node)."""
+    return download_target(ctx, target(ctx, source, name, "input"), dest, overwrite=overwrite,
+                           progress=progress, shard=shard)  # fmt: skip
 
 
 def download_target(
@@ -78,6 +119,7 @@ def download_target(
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
+    shard: Shard | None = None,
 ) -> DownloadResult:
     retry = ctx.retry()
     with activity("download", source=tgt.label):
@@ -87,8 +129,10 @@ def download_target(
             return tgt.is_file if tgt.is_file is not None else _is_file(store, tgt.location)
 
         uri = tgt.location.uri()
+        source_id = uri if shard is None else f"{uri}#shard={shard.rank}/{shard.world_size}"
         return _download(ctx, store, tgt.location.key, is_file, dest, retry, uri=uri,
-                         source_id=uri, overwrite=overwrite, progress=progress)  # fmt: skip
+                         source_id=source_id, overwrite=overwrite, progress=progress,
+                         shard=shard)  # fmt: skip
 
 
 def _is_file(store: ObjectStore, location: StorageLocation) -> bool:
@@ -138,9 +182,11 @@ def _download(
     source_id: str,
     overwrite: bool,
     progress: Progress | None,
+    shard: Shard | None = None,
 ) -> DownloadResult:
     """Run the Downloader over `key` of `store` (closed at the end); `uri`
-    names the source in errors and logs, `source_id` in the resume manifest."""
+    names the source in errors and logs, `source_id` in the resume manifest;
+    a folder's listing filtered to `shard` before it reaches the Downloader."""
     settings = ctx.settings
     try:
         options = DownloadOptions(
@@ -151,7 +197,12 @@ def _download(
             manifest_dir=settings.cache_dir / "manifests",
         )
         downloader = Downloader(store, options, progress)
-        result = downloader.download(key, dest, is_file=is_file(), source_id=source_id)
+        if shard is not None and not is_file():
+            pages = shard.pages(folder_pages(store, key))
+            result = downloader.copy(pages, dest, source_id=source_id)
+            log.info("download --shard auto: node %d of %d", shard.rank, shard.world_size)
+        else:
+            result = downloader.download(key, dest, is_file=is_file(), source_id=source_id)
     except StorageError as exc:
         again = exc.transient or exc.exhausted
         raise DataError(f"download of {uri} failed: {exc}", transient=again) from None

@@ -61,6 +61,7 @@ class MountPlan:
     def secrets(self) -> list[str]:
         """The credentials' secrets, for the log's masking (no workspace registered them)."""
         locations = [self.location, *(f.location for f in self.eval_files)]
+        locations += [r for loc in locations for r in loc.replicas]
         return sorted(
             {c.secret.reveal() for c in (loc.credential for loc in locations) if c.secret}
         )
@@ -119,6 +120,8 @@ def _location_out(location: StorageLocation) -> dict[str, Any]:
         "credential": credential.kind.value,
         "secret": credential.secret.reveal() if credential.secret else None,
         "client_id": credential.client_id,
+        "replicas": [_location_out(r) for r in location.replicas],
+        "prefer": location.prefer,
     }
 
 
@@ -137,4 +140,6 @@ def _location_in(data: dict[str, Any]) -> StorageLocation:
         data["endpoint"],
         data["endpoint_suffix"],
         credential,
+        tuple(_location_in(r) for r in data.get("replicas", ())),
+        data.get("prefer", 0),
     )

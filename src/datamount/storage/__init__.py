@@ -7,6 +7,7 @@ imports the Azure SDK and requests; everything above it sees `ObjectStore`,
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,12 +78,27 @@ def open_store(
 def store_for(settings: Settings, location: StorageLocation, retry: RetryPolicy) -> ObjectStore:
     """`open_store` sized from the settings: one keep-alive connection per
     worker that may hold one at a time, stalled reads abandoned after
-    DATAMOUNT_STALL_TIMEOUT_SECONDS, HTTPS trusting REQUESTS_CA_BUNDLE too."""
+    DATAMOUNT_STALL_TIMEOUT_SECONDS, HTTPS trusting REQUESTS_CA_BUNDLE too.
+
+    A location with replicas (inside the first copy's store) gets a
+    ReplicaStore over one store per copy, reading `location.prefer` first
+    (storage.replicas)."""
     pool = max(settings.downloader_threads, settings.read_threads)
-    return open_store(
-        location,
-        pool_size=pool,
-        retry=retry,
-        read_timeout=settings.stall_timeout_seconds,
-        ca_bundle=settings.ca_bundle,
+
+    def one(copy: StorageLocation) -> ObjectStore:
+        return open_store(
+            copy,
+            pool_size=pool,
+            retry=retry,
+            read_timeout=settings.stall_timeout_seconds,
+            ca_bundle=settings.ca_bundle,
+        )
+
+    copies = location.replicas
+    if not copies or copies[0].store_root != location.store_root:
+        return one(dataclasses.replace(location, replicas=(), prefer=0))
+    from datamount.storage.replicas import Replica, ReplicaStore
+
+    return ReplicaStore(
+        [Replica(one(copy), copy.key, copy.uri()) for copy in copies], preferred=location.prefer
     )

@@ -32,6 +32,12 @@ class StorageLocation:
     - BLOB / ADLS: `path` is the blob name or prefix inside `container`
       ('' = the container root, a trailing '/' marks a folder), `endpoint`
       is the account's *blob* endpoint (ADLS reads go through it too).
+
+    `replicas`: every copy of the data as resolved (the spec's `path:` first,
+    then its `replicas:`, an extension), each a plain location; `prefer` is
+    the index of the copy to read first (RANK % n). They stay as they are in
+    a location derived from this one (`child`, `dataclasses.replace`): a store
+    for any key under the first copy's is a storage.replicas.ReplicaStore.
     """
 
     kind: StorageKind
@@ -41,6 +47,8 @@ class StorageLocation:
     endpoint: str = ""
     endpoint_suffix: str = DEFAULT_SUFFIX
     credential: Credential = field(default_factory=Credential.anonymous)
+    replicas: tuple[StorageLocation, ...] = ()
+    prefer: int = 0
 
     @property
     def is_azure(self) -> bool:
@@ -97,6 +105,8 @@ class StorageLocation:
             self.endpoint,
             self.endpoint_suffix,
             self.credential,
+            self.replicas,
+            self.prefer,
         )
 
     def __str__(self) -> str:
