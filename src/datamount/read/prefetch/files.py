@@ -10,8 +10,9 @@ the calls and does the fetching).
   tolerated, neither counted nor breaking), the files after the furthest
   one opened are the ones to fetch; an open elsewhere in that folder (a
   jump, a shuffled order) breaks the pattern. A random order over n files
-  moves forward within the tolerance with probability ~tolerance/n per
-  open: over 2,000 files, three in a row ~ 1 in 15,000.
+  moves forward within the tolerance with probability ~(tolerance+1)/n per
+  open, and the pattern needs two such moves in a row: over 2,000 files,
+  (9/2000)^2, about once in 50,000 opens.
 - `AheadPlan` is the queue of upcoming files (from that pattern, or from a
   loader's hints) and the window of those fetched but not yet opened: at
   most `max_files` files and `max_bytes` bytes ahead. `due()` says which
