@@ -310,9 +310,10 @@ def file_ahead(
             return None
         return None if attrs.is_dir else version(attrs)
 
-    def listing(folder: str) -> list[tuple[str, ObjectId]]:
+    def listing(folder: str) -> list[str]:
+        # The attributes stay in the namespace's cache: the plan's files resolve there.
         entries = itertools.islice(namespace.list_dir("/" + folder), MAX_LISTING)
-        return [(name, version(a)) for name, a in entries if not a.is_dir]
+        return [name for name, a in entries if not a.is_dir]
 
     ahead = FileAhead(reader.fetcher, stats, resolve, listing)
     log.info(

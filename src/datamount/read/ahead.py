@@ -42,16 +42,17 @@ log = logging.getLogger("datamount.ahead")
 # Files fetched ahead of the reader at most: 32 small files are ~40 ms of
 # requests on 8 read threads, more than one open's latency ahead.
 AHEAD_FILES = 32
-# Listings the folder-order policy keeps (a name is ~100 bytes; a folder
-# beyond MAX_LISTING names is judged on its first MAX_LISTING).
-MAX_FOLDERS = 8
-MAX_LISTING = 200_000
+# Listings the folder-order policy keeps: names only, ~150 bytes each with
+# their index (4 x 100,000 names: ~60 MiB at worst); a folder beyond
+# MAX_LISTING names is judged on its first MAX_LISTING.
+MAX_FOLDERS = 4
+MAX_LISTING = 100_000
 # Events waiting for the worker beyond this are dropped (oldest first): a
 # burst of opens faster than the worker plans only loses look-ahead.
 MAX_EVENTS = 10_000
 
 Resolve = Callable[[str], ObjectId | None]
-Listing = Callable[[str], Sequence[tuple[str, ObjectId]]]
+Listing = Callable[[str], Sequence[str]]
 
 
 def window_bytes(fetcher: BlockFetcher) -> int:
@@ -62,8 +63,8 @@ def window_bytes(fetcher: BlockFetcher) -> int:
 
 class FileAhead:
     """`resolve(rel)`: the version of a mount-relative path (None: no such
-    file); `listing(folder)`: a folder's files in listing order (None: no
-    folder-order prefetch)."""
+    file); `listing(folder)`: the names of a folder's files in listing order
+    (None: no folder-order prefetch)."""
 
     def __init__(
         self,
@@ -83,7 +84,7 @@ class FileAhead:
         self.plan = AheadPlan(max_files, nbytes, max_file_bytes=max(1, nbytes // 4))
         self.order = FolderOrder()
         self._objs: dict[str, ObjectId] = {}  # planned paths resolved (fetched ones: to cancel)
-        self._listed: OrderedDict[str, dict[str, ObjectId]] = OrderedDict()
+        self._listed: OrderedDict[str, None] = OrderedDict()  # folders, oldest first
         self._events: deque[tuple[str, object]] = deque(maxlen=MAX_EVENTS)
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
@@ -165,15 +166,9 @@ class FileAhead:
             return
         if not tail or (self.plan.source == "hints" and len(self.plan)):
             return  # hints left: they know better than the listing
-        listed = self._listed.get(folder, {})
         paths = [f"{folder}/{n}" if folder else n for n in tail]
         self._drop(self.plan.replace(paths, source))
         self._keep_planned()
-        for path, n in zip(paths, tail, strict=True):
-            obj = listed.get(n)
-            if obj is not None:
-                self._objs[path] = obj
-                self.plan.resolve(path, obj.size)
 
     def _keep_planned(self) -> None:
         """Forget the versions of paths no longer in the plan."""
@@ -190,12 +185,12 @@ class FileAhead:
     def _list(self, folder: str) -> None:
         assert self._listing is not None
         try:
-            entries = list(self._listing(folder)[:MAX_LISTING])
+            names = list(self._listing(folder)[:MAX_LISTING])
         except Exception as exc:  # no listing: no folder-order prefetch there
             log.debug("listing %r for file-ahead prefetch: %s", folder, exc)
-            entries = []
-        self._listed[folder] = dict(entries)
-        self.order.add_listing(folder, [name for name, _ in entries])
+            names = []
+        self._listed[folder] = None
+        self.order.add_listing(folder, names)
         while len(self._listed) > MAX_FOLDERS:
             old, _ = self._listed.popitem(last=False)
             self.order.forget(old)

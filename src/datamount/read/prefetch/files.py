@@ -159,18 +159,27 @@ class AheadPlan:
         return [e.path for e in self._queue]
 
     def ahead(self) -> tuple[int, int]:
-        """(files, bytes) fetched ahead and not yet opened."""
-        fetched = [e for e in self._queue if e.fetched]
+        """(files, bytes) fetched ahead and not yet opened. Fetched files are
+        always within the window's reach (`due` fetches only there, opens
+        only remove files before them, `replace` drops those beyond it), so
+        only the reach is counted: O(max_files) per call, not O(plan)."""
+        fetched = [e for e in self._queue[: self._reach()] if e.fetched]
         return len(fetched), sum(e.size or 0 for e in fetched)
 
     def replace(self, paths: Sequence[str], source: str) -> list[str]:
-        """The plan becomes `paths` (what was fetched of them stays fetched);
-        the fetched files not in it: dropped, returned (wasted)."""
+        """The plan becomes `paths` (what was fetched of them stays fetched
+        while within the window's reach); the fetched files not in it, or
+        now beyond the reach: dropped, returned (wasted)."""
         old = {e.path: e for e in self._queue}
         self._queue = [old.pop(p) if p in old else _Entry(p) for p in dict.fromkeys(paths)]
         self.source = source
         self._misses = 0
-        return [e.path for e in old.values() if e.fetched]
+        dropped = [e.path for e in old.values() if e.fetched]
+        for e in self._queue[self._reach() :]:
+            if e.fetched:
+                e.fetched = False
+                dropped.append(e.path)
+        return dropped
 
     def extend(self, paths: Sequence[str], source: str) -> None:
         """More files after the planned ones (a loader's next hints)."""
