@@ -222,9 +222,10 @@ def test_a_shuffled_order_fetches_nothing_ahead_without_hints(rig: Rig) -> None:
 def test_hints_fetch_a_shuffled_order_ahead(rig: Rig) -> None:
     order = NAMES[:40]
     random.Random(3).shuffle(order)
-    rig.ahead.hint([f"d/{n}" for n in order])
+    rig.ahead.hint([f"d/{n}" for n in order] + ["../data/d/f000", "d/./x", "d//y"])
     rig.ahead.wait_idle()
     wait_quiet(rig.scheduler)
+    assert rig.ahead.plan.paths() == [f"d/{n}" for n in order]  # no '.', '..' or '//' path
     for name in order:
         assert rig.read(f"d/{name}") == FILES[f"data/d/{name}"]
     snap = rig.stats.snapshot()

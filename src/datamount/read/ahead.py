@@ -61,6 +61,12 @@ def window_bytes(fetcher: BlockFetcher) -> int:
     return max(fetcher.block_size, int(fetcher.memory_budget * PREFETCH_SHARE) // 2)
 
 
+def _plain(rel: str) -> bool:
+    """A path a FUSE open could name: no empty, '.' or '..' component (a
+    hint must never name a blob outside the mount's prefix)."""
+    return bool(rel) and all(part not in ("", ".", "..") for part in rel.split("/"))
+
+
 class FileAhead:
     """`resolve(rel)`: the version of a mount-relative path (None: no such
     file); `listing(folder)`: the names of a folder's files in listing order
@@ -100,8 +106,9 @@ class FileAhead:
 
     def hint(self, paths: Sequence[str], *, replace: bool = False) -> None:
         """A loader will read `paths` (mount-relative) next, in this order,
-        after what it hinted before (`replace`: instead of it)."""
-        rels = [p.strip("/") for p in paths if p.strip("/")]
+        after what it hinted before (`replace`: instead of it). Paths with
+        '.' or '..' components are ignored."""
+        rels = [r for r in (p.strip("/") for p in paths) if _plain(r)]
         self.stats.add(hinted_files=len(rels))
         self._put("hint", (rels, replace))
 
