@@ -110,9 +110,10 @@ def test_hints_in_order_and_skipped_hints_are_dropped() -> None:
 
 def test_opens_elsewhere_drop_the_plan_and_big_files_are_not_fetched() -> None:
     plan = AheadPlan(max_files=2, max_bytes=1000, max_file_bytes=100, max_misses=2)
-    plan.replace(["a", "big", "b", "c"], "hints")
+    plan.replace(["a", "big", "empty", "b", "c"], "hints")
     plan.resolve("a", 10)
     plan.resolve("big", 500)
+    plan.resolve("empty", 0)
     plan.resolve("b", 10)
     plan.resolve("missing", None)  # not planned: nothing happens
     assert plan.due() == ["a", "b"]  # big is read by the block prefetch, not whole

@@ -134,8 +134,8 @@ class AheadPlan:
     """The upcoming files, in order, and which of them were fetched ahead.
 
     Paths are the caller's (mount-relative); sizes are set with `resolve`
-    before a file can be due. A file larger than `max_file_bytes` stays in
-    the plan (its position counts) but is never fetched whole."""
+    before a file can be due. A file larger than `max_file_bytes` (or empty)
+    stays in the plan (its position counts) but is never fetched whole."""
 
     def __init__(
         self, max_files: int, max_bytes: int, *, max_file_bytes: int | None = None,
@@ -202,7 +202,7 @@ class AheadPlan:
                 if size is None:
                     del self._queue[i]
                 else:
-                    e.size, e.skip = size, size > self.max_file_bytes
+                    e.size, e.skip = size, size == 0 or size > self.max_file_bytes
                 return
 
     def due(self) -> list[str]:
