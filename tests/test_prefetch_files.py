@@ -253,3 +253,25 @@ def test_hints_the_reader_skips_are_dropped_and_the_window_holds(rig: Rig) -> No
     ahead, _ = rig.ahead.plan.ahead()
     fetched = snap["files_prefetched"]
     assert snap["files_prefetch_wasted"] + snap["files_prefetch_used"] + ahead == fetched
+
+
+def test_a_spent_budget_holds_files_back_until_the_next_opens() -> None:
+    files = {f"data/d/{n}": random.Random(n).randbytes(2 * BS) for n in NAMES[:10]}
+    rig = Rig(files, budget=8 * BS)  # the prefetch share: 6 blocks
+    rig.ahead.close()
+    resolve = rig.ahead._resolve
+    ahead = FileAhead(rig.fetcher, rig.stats, resolve, None, max_files=10, max_bytes=100 * BS)
+    rig.ahead, rig.fs.on_open = ahead, ahead.opened
+    try:
+        ahead.hint([f"d/{n}" for n in NAMES[:10]])
+        ahead.wait_idle()
+        wait_quiet(rig.scheduler)
+        taken = rig.stats.files_prefetched
+        assert 1 <= taken <= 3  # 2-block files in a 6-block share
+        assert ahead.plan.ahead()[0] == taken  # the refused ones are not counted ahead
+        for name in NAMES[:10]:
+            assert rig.read(f"d/{name}") == files[f"data/d/{name}"]
+        assert rig.stats.files_prefetched > taken  # the rest came as the reader advanced
+        assert rig.stats.bytes_fetched == sum(len(v) for v in files.values())
+    finally:
+        rig.close()

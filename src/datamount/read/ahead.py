@@ -215,11 +215,12 @@ class FileAhead:
             if obj is not None:
                 self._objs[path] = obj
             self.plan.resolve(path, None if obj is None else obj.size)
-        for path in self.plan.due():
-            obj = self._objs[path]
-            keys = self._keys(obj)
+        due = self.plan.due()
+        for n, path in enumerate(due):
+            keys = self._keys(self._objs[path])
             if self.fetcher.prefetch_many(keys) < len(keys):
-                self.plan.undo(path)  # the budget is spent: again at the next open
+                for later in due[n:]:  # the budget is spent: again at the next open
+                    self.plan.undo(later)
                 break
             self.stats.add(files_prefetched=1)
 
