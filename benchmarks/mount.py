@@ -7,7 +7,9 @@ a fresh mount (2 re-reads through the mount of 1) by a reader subprocess that ti
 the workload and checks the bytes after the clock stops: 1 cold sequential read of A in
 1 MiB reads (sha256), 2 warm re-read (sha256), 3 2,000 seeded random 64 KiB preads of A
 (each against the source slice), 4 all of B by 8 threads (sha256 each), 5 os.walk + stat
-of B, 6 the first os.scandir entry of L against the full listing. Around each workload:
+of B, 6 the first os.scandir entry of L against the full listing, 7 all of B by 1 thread
+in listing order, 8 by 1 thread in a seeded shuffled order, 9 the same order sent to the
+daemon's hint socket first (file-ahead prefetch, issues 16 and 14). Around each workload:
 the daemon's CPU and peak RSS (/proc/<pid>/stat, VmHWM reset first), its stats file's
 bytes_fetched, and the bytes Azurite sent (/proc io). Baselines: `datamount download` of
 A and B, the downloaded A from local disk (evicted with posix_fadvise) and page cache,
@@ -18,7 +20,7 @@ Over HTTPS by default (Azurite with a throwaway CA's leaf certificate, trusted b
 contender through SSL_CERT_FILE / REQUESTS_CA_BUNDLE), `--http` for plain HTTP; the
 s/GiB column is the CPU seconds (reader + daemon) per GiB read.
 
-Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,6] [--repeat N]
+Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,9] [--repeat N]
                            [--scale 0.1] [--keep] [--no-fsspec] [--http]
 Exit 0 when all ran and checked out (targets are reported, not enforced), 1 otherwise,
 130 when interrupted. DATASET_*, RSLEX_*, DATAMOUNT_* variables are cleared for the
@@ -61,8 +63,12 @@ FSSPEC_BUDGET = 60.0  # seconds: fsspec's FUSE fetches a whole adlfs block per r
 STATS_WAIT = 6.0  # the daemon rewrites its stats file every 5 s
 KNOBS = ("DATASET_", "RSLEX_", "DATAMOUNT_")
 NAMES = {1: "1 cold sequential", 2: "2 warm re-read", 3: "3 random 64 KiB",
-         4: "4 B, 8 threads", 5: "5 walk + stat B", 6: "6 scandir L"}  # fmt: skip
-NEEDS = {1: "A", 2: "A", 3: "A", 4: "B", 5: "B", 6: "L"}
+         4: "4 B, 8 threads", 5: "5 walk + stat B", 6: "6 scandir L",
+         7: "7 B, 1 thr listing", 8: "8 B, 1 thr shuffle", 9: "9 B, shuffle+hint"}  # fmt: skip
+NEEDS = {1: "A", 2: "A", 3: "A", 4: "B", 5: "B", 6: "L", 7: "B", 8: "B", 9: "B"}
+# Workloads 7-9 (issues 16 and 14): one reader thread over B in listing order, in a
+# seeded shuffled order, and in that order told to the daemon first (a loader hint).
+ONE_THREAD = {7: "listing", 8: "shuffled", 9: "hinted"}
 ORDER = ("datamount", "download", "local cache", "local disk", "fsspec FUSE")
 
 
@@ -110,14 +116,20 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
         src = os.open(args[0], os.O_RDONLY)
         pairs = zip(wanted[: len(got)], got, strict=True)
         return {**out, "problems": sum(d != os.pread(src, PREAD, o) for o, d in pairs)}
-    if kind == "files":  # args: LIST (lines "rel<TAB>sha256")
+    if kind == "files":  # args: LIST (lines "rel<TAB>sha256") [THREADS [ORDER]]
         entries = [line.split("\t") for line in Path(args[0]).read_text().splitlines()]
+        threads = int(args[1]) if len(args) > 1 else THREADS
+        order = args[2] if len(args) > 2 else "listing"
+        if order != "listing":
+            random.Random(SEED).shuffle(entries)
+        if order == "hinted":  # the daemon's hint socket, as datamount.data.hint sends it
+            send_hint(path, [rel for rel, _ in entries])
 
         def get(rel: str) -> bytes:
             with open(path / rel, "rb", buffering=0) as f:
                 return f.read()
 
-        with ThreadPoolExecutor(THREADS) as pool:
+        with ThreadPoolExecutor(threads) as pool:
             datas = list(pool.map(get, [rel for rel, _ in entries]))
         out = stop(bytes=sum(map(len, datas)), ops=len(datas))
         digests = zip(entries, map(hashlib.sha256, datas), strict=True)
@@ -132,6 +144,25 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
             count += sum(1 for _ in it)
         return stop(bytes=0, ops=count, first=first, problems=int(count != int(args[0])))
     raise SystemExit(f"unknown workload {kind!r}")
+
+
+def send_hint(root: Path, rels: list[str]) -> None:
+    """One hint batch to the mount holding `root` (README: ro_mount, "File-ahead
+    prefetch"): a JSON line on /tmp/datamount-<uid>/<sha256(mount point)[:16]>.sock,
+    answered by one line."""
+    import socket
+
+    mp = os.path.abspath(root)
+    while not os.path.ismount(mp):
+        mp = os.path.dirname(mp)
+    base = os.path.relpath(root, mp).strip(".").strip("/")
+    digest = hashlib.sha256(os.path.normpath(mp).encode()).hexdigest()[:16]
+    line = json.dumps({"files": [f"{base}/{r}" if base else r for r in rels], "replace": True})
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(f"/tmp/datamount-{os.geteuid()}/{digest}.sock")
+        conn.sendall(line.encode() + b"\n")
+        if not json.loads(conn.makefile("rb").readline()).get("ok"):
+            raise SystemExit("the daemon refused the hint")
 
 
 def serve_fsspec(mountpoint: str) -> None:
@@ -158,6 +189,8 @@ class Server:
     root: Path
     stats_file: Path | None = None
     fetched: int = 0  # bytes_fetched in the stats file after the previous workload
+    ahead_used: int = 0  # files_prefetch_used (file-ahead prefetch), likewise
+    ahead_delta: int = 0  # files fetched ahead and then opened in the last workload
 
     def fetched_since(self, since: float) -> int | None:
         """bytes_fetched since the previous workload, once the daemon rewrote its stats
@@ -172,6 +205,8 @@ class Server:
         if (total := data.get("cache", {}).get("bytes_fetched")) is None:
             return None
         delta, self.fetched = total - self.fetched, total
+        used = data["cache"].get("files_prefetch_used", 0)
+        self.ahead_used, self.ahead_delta = used, used - self.ahead_used
         return delta
 
 
@@ -190,6 +225,7 @@ class Row:
     fetched: int | None = None  # the daemon's bytes_fetched counter
     sent: int = 0  # bytes Azurite sent meanwhile
     first: float | None = None
+    ahead: int = 0  # files the daemon fetched whole before their open (files_prefetch_used)
     failed: str = ""
     problems: list[str] = field(default_factory=list)
 
@@ -330,6 +366,7 @@ def probe(
         except OSError:
             row.failed = "the serving process died"
         row.fetched = server.fetched_since(time.time())
+        row.ahead = server.ahead_delta
     if run.ok and not row.failed:
         got = json.loads(run.stdout.strip().splitlines()[-1])
         for key in ("seconds", "cpu", "bytes", "ops", "first"):
@@ -385,6 +422,8 @@ def run_datamount(bench: Bench) -> None:
     attempt(bench, (4,), "datamount", on(b, "files", str(bench.workdir / "B.list")))
     attempt(bench, (5,), "datamount", on(b, "walk", f"{len(b.files)} {b.total}" if b else ""))
     attempt(bench, (6,), "datamount", on(lst, "scandir", str(len(lst.files) if lst else 0)))
+    for w, order in ONE_THREAD.items():
+        attempt(bench, (w,), "datamount", on(b, "files", str(bench.workdir / "B.list"), "1", order))
 
 
 def run_baselines(bench: Bench) -> None:
@@ -473,17 +512,21 @@ def report(bench: Bench) -> dict[tuple[int, str], Row]:
         check = "FAIL " + (r.failed or "; ".join(r.problems)) if r.failed or r.problems else "ok"
         if r.first is not None:
             check += f", first entry after {r.first:.3f} s"
+        if r.workload in ONE_THREAD and r.contender == "datamount":
+            check += f", {r.ahead} of {r.ops} files fetched before their open"
         if r.workload == 3 and r.ops < PREADS and not r.failed:
             check += f", {r.ops} of {PREADS} reads in the {FSSPEC_BUDGET:g} s budget"
         rate = "-"
         if r.seconds and not r.failed:
-            by_bytes = r.workload in (1, 2, 4)
+            by_bytes = r.workload in (1, 2, 4, 7, 8, 9)
             per_s = (r.bytes / MB if by_bytes else r.ops) / r.seconds
             rate = f"{per_s:9.1f} MB/s" if by_bytes else f"{per_s:8,.0f} ops/s"
         fetched = "n/a" if r.fetched is None else f"{r.fetched / MiB:.1f} MiB"
         # CPU per GiB read, reader and daemon together (TLS's cost: HTTPS against --http)
         cpu = (r.cpu or 0.0) + (r.server_cpu or 0.0)
-        per_gib = cpu / (r.bytes / (1 << 30)) if r.bytes and r.workload in (1, 2, 4) else None
+        per_gib = (
+            cpu / (r.bytes / (1 << 30)) if r.bytes and r.workload in (1, 2, 4, 7, 8, 9) else None
+        )
         print(f"  {NAMES[r.workload]:<18} {r.contender:<12} {r.seconds:7.2f} {rate:>14} "
               f"{num(r.cpu, '.2f'):>6} {num(r.server_cpu, '.2f'):>6} {num(per_gib, '.2f'):>6} "
               f"{num(r.server_rss, '.0f'):>6} "
@@ -527,6 +570,17 @@ def targets(bench: Bench, best: dict[tuple[int, str], Row]) -> None:
         ok = None if got is None else got <= limit if at_most else got >= limit
         mark = "n/a " if ok is None else "PASS" if ok else "FAIL"
         print(f"  [{mark}] {text}" + ("" if got is None else f" (got {got:.3g})"))
+    ahead = [
+        ("1 reader thread over B in listing order >= 1 x 8 threads (file-ahead prefetch)",
+         good(7, "datamount"), good(4, "datamount"), 1.0),
+        ("1 reader thread over B shuffled, with the hint >= 3 x without (loader hints)",
+         good(9, "datamount"), good(8, "datamount"), 3.0),
+    ]  # fmt: skip
+    print("targets (issues 16 and 14):")
+    for text, x, y, limit in ahead:
+        got = x.bytes / x.seconds / (y.bytes / y.seconds) if x and y else None
+        mark = "n/a " if got is None else "PASS" if got >= limit else "FAIL"
+        print(f"  [{mark}] {text}" + ("" if got is None else f" (got {got:.3g})"))
     vs = [f"{w}: {r:.2f}" for w in (1, 3, 4) if (r := ratio(w, "datamount", "fsspec FUSE"))]
     print("datamount / fsspec FUSE throughput: " + (", ".join(vs) or "n/a"))
 
@@ -560,7 +614,7 @@ def prepare(bench: Bench) -> None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--datasets", default="A,B,L", help="comma-separated: A, B, L")
-    parser.add_argument("--workloads", default="1,2,3,4,5,6", help="comma-separated: 1 to 6")
+    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,9", help="comma-separated: 1 to 9")
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink datasets, e.g. 0.1")
@@ -571,7 +625,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     wanted = {w.strip() for w in opts.workloads.split(",") if w.strip()}
     opts.workloads = sorted(w for w in NAMES if str(w) in wanted and NEEDS[w] in sets)
     if sets - set("ABL") or wanted - set(map(str, NAMES)) or not opts.workloads:
-        parser.error("--datasets takes A, B, L and --workloads 1 to 6 (one of them needing them)")
+        parser.error("--datasets takes A, B, L and --workloads 1 to 9 (one of them needing them)")
     if opts.repeat < 1 or not 0 < opts.scale <= 1:
         parser.error("--repeat >= 1 and 0 < --scale <= 1")
     return opts

@@ -11,6 +11,9 @@ Public API (the rest of the package is internal):
 - `RowDataset(root)`: map-style over the same records (read once, into
   Arrow tables): `len(rows)`, `rows[i] -> dict`.
 - `Progress`: what `RecordDataset.progress()` reports.
+- `hint(root, files)`: tell the datamount mount holding `root` which files
+  (relative to `root`) this process reads next, in order (data/hints.py);
+  False and nothing sent outside a mount.
 
 Importing this package never imports torch; `RecordDataset` and `RowDataset`
 (pyarrow, the MLTable readers) load on first use.
@@ -21,12 +24,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from datamount.data.files import FileDataset, list_files
+from datamount.data.hints import hint
 
 if TYPE_CHECKING:
     from datamount.data.records import Progress, RecordDataset
     from datamount.data.rows import RowDataset
 
-__all__ = ["FileDataset", "Progress", "RecordDataset", "RowDataset", "list_files"]
+__all__ = ["FileDataset", "Progress", "RecordDataset", "RowDataset", "hint", "list_files"]
 
 
 def __getattr__(name: str) -> object:

@@ -7,14 +7,17 @@ compared component by component in code-point order, so `a/z` comes before
 `a-b` and `a.txt`, and the order never depends on the filesystem's listing
 order. Names starting with "." are skipped (".amlignore", editor files).
 No threads; `__getitem__` reads one whole file, so DataLoader workers read
-in parallel.
+in parallel. `hint(indices)` tells a datamount mount a shuffled order ahead
+(data/hints.py).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
+from datamount.data import hints
 from datamount.data.torchbase import MapBase
 
 
@@ -50,6 +53,14 @@ class FileDataset(MapBase):
     def __getitem__(self, index: int) -> tuple[str, bytes]:
         path = self.paths[index]  # IndexError past the end, as for a list
         return path, (self.root / path).read_bytes()
+
+    def hint(self, indices: Iterable[int], *, replace: bool = True) -> bool:
+        """Tell the datamount daemon serving the root (if any) that the files
+        of `indices` are read next, in that order (a sampler's order), so it
+        fetches them ahead: `files.hint(list(sampler))` at the start of an
+        epoch. Listing order needs no hint. False when the root is not in a
+        datamount mount (nothing sent)."""
+        return hints.hint(self.root, [self.paths[i] for i in indices], replace=replace)
 
     def __repr__(self) -> str:
         return f"FileDataset({str(self.root)!r}, {len(self.paths)} files)"

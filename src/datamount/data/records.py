@@ -22,6 +22,10 @@ when the records are), and a dataset given it by `load_state_dict()` yields
 exactly what the saved one had not yet yielded, re-reading only the records
 of the current unit before the position. One live iterator per dataset
 object (a DataLoader worker has its own copy). No threads.
+
+Inside a datamount mount, each epoch starts by telling the daemon the files
+it reads, in that order (`_hint`; data/hints.py): the daemon fetches them
+ahead. Elsewhere nothing is sent.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from datamount.data import hints
 from datamount.data.sources import Record, Unit, fingerprint, units_of
 from datamount.data.torchbase import IterableBase, loader_worker
 from datamount.errors import DataError, InvalidInput
@@ -118,6 +123,10 @@ class RecordDataset(IterableBase):
         self.seed, self.shuffle, self.buffer_size, self.epochs = seed, shuffle, buffer_size, epochs
         self.units: list[Unit] = units_of(root, block_size)
         self.fingerprint = fingerprint(self.units)
+        # A folder of record files: its units are its files, by relative path.
+        folder = "://" not in os.fspath(root) and os.path.isdir(root)
+        mltable = folder and os.path.exists(os.path.join(root, "MLTable"))
+        self._hint_root = os.fspath(root) if folder and not mltable else ""
         self._epoch = 0
         self._pos: _Position | None = None  # None: the start of self._epoch
 
@@ -166,9 +175,29 @@ class RecordDataset(IterableBase):
             done += 1
             self._epoch, self._pos = self._epoch + 1, None
 
+    def _hint(self, pos: _Position) -> None:
+        """When the root is a folder inside a datamount mount, tell its daemon
+        the files this rank reads next, in order (data/hints.py): loader
+        worker 0 sends the files of every worker of this rank, interleaved
+        as the loader takes them (worker w's i-th file after worker w-1's)."""
+        if not self._hint_root:
+            return
+        worker, workers = loader_worker()
+        if worker != 0:
+            return
+        s0 = pos.shard[0] - pos.shard[0] % workers  # this rank's worker 0
+        orders = [self.order(pos.epoch, (s0 + w, pos.shard[1]))[0] for w in range(workers)]
+        if self.order(pos.epoch, pos.shard)[1]:  # stride mode: every shard reads every unit
+            orders = orders[:1]
+        ahead = [o[pos.file_pos :] for o in orders]
+        names = [self.units[o[i]].name for i in range(max(map(len, ahead))) for o in ahead
+                 if i < len(o)]  # fmt: skip
+        hints.hint(self._hint_root, names, replace=True)
+
     def _run(self, pos: _Position) -> Iterator[Record]:
         s, count = pos.shard
         order, stride = self.order(pos.epoch, pos.shard)
+        self._hint(pos)
         buf, rng = pos.buffer, pos.rng
         source: Iterator[Record] | None = None
         try:

@@ -113,6 +113,10 @@ class ReadOnlyFS:
     file_mode = FILE_MODE
     dir_mode = DIR_MODE
     writes: Writes | None = None  # None: nothing to finish at unmount, mounted `ro`
+    # Told the path of every blob opened (after the open succeeded): the
+    # file-ahead prefetcher (read.ahead) watches the order of opens. It must
+    # not block: it only queues the event.
+    on_open: Callable[[str], None] | None = None
 
     def __init__(
         self,
@@ -291,6 +295,8 @@ class ReadOnlyFS:
                 if last:
                     raise os_error(errno.ESTALE, path) from exc
         fh = self.add_file(OpenFile(path, handle, obj, attrs.mtime))
+        if self.on_open is not None:
+            self.on_open(path)
         with self._lock:
             keep = self._versions.pop(obj.key, None) == obj.etag
             self._versions[obj.key] = obj.etag  # now the newest: dicts keep insertion order

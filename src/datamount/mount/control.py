@@ -122,6 +122,7 @@ class MountState:
     mode: str = ""  # the entry's mode: "rw_mount" marks a read-write mount
     staging: str = ""  # rw_mount: its staging folder (journal of what is only staged)
     metrics_url: str = ""  # its Prometheus endpoint (DATAMOUNT_METRICS_PORT), "" when off
+    hints_socket: str = ""  # where loaders send file hints (data/hints.py), "" when none
 
     @property
     def writable(self) -> bool:

@@ -34,6 +34,7 @@ from datamount.log import register_secret, setup_logging, shutdown_logging
 from datamount.mount import control
 from datamount.mount.daemon import DaemonConfig, MountDaemon
 from datamount.mount.diagnose import Watch
+from datamount.mount.hints import HintServer
 from datamount.mount.plan import MountPlan
 from datamount.mount.stack import Stack, attribute_ttl, build
 
@@ -56,7 +57,8 @@ def start(plan: MountPlan) -> Served:
         snapshot = _snapshot(plan, stack)
         watch = Watch(plan.settings, str(plan.mountpoint))
         url = _metrics(plan, stack, snapshot, watch)
-        daemon = MountDaemon(stack.fs, _config(plan, url), _recorder(snapshot, watch))
+        hints = _hints(plan, stack)
+        daemon = MountDaemon(stack.fs, _config(plan, url, hints), _recorder(snapshot, watch))
         daemon.start()
     except BaseException:
         stack.close()
@@ -82,7 +84,19 @@ def run(
         raise OutputError(f"{plan.label}: {leftovers.describe(str(plan.staging))}")
 
 
-def _config(plan: MountPlan, metrics_url: str = "") -> DaemonConfig:
+def _hints(plan: MountPlan, stack: Stack) -> str:
+    """The hint socket for loaders (block mode); its path or "" without one."""
+    ahead = stack.ahead
+    if ahead is None:
+        return ""
+    server = HintServer(plan.mountpoint, lambda paths, replace: ahead.hint(paths, replace=replace))
+    if not server.start():
+        return ""
+    stack.cleanup.callback(server.close)
+    return str(server.path)
+
+
+def _config(plan: MountPlan, metrics_url: str = "", hints_socket: str = "") -> DaemonConfig:
     settings = plan.settings
     stats_file = control.stats_path(settings.log_dir, plan.name, plan.mountpoint)
     state = control.MountState(
@@ -96,6 +110,7 @@ def _config(plan: MountPlan, metrics_url: str = "") -> DaemonConfig:
         mode=plan.mode,
         staging=str(plan.staging or ""),
         metrics_url=metrics_url,
+        hints_socket=hints_socket,
     )
     return DaemonConfig(
         mountpoint=plan.mountpoint,

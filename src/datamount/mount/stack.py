@@ -5,7 +5,8 @@ filesystem ops, plus write-back staging under an rw_mount.
 The read path, from Settings: BlockFetcher (single flight, two-lane
 Scheduler) → TieredCache (RAM LRU ▸ disk blocks) → BlockReader with adaptive
 prefetch, or the WholeFileReader over it when
-DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED is false.
+DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED is false. In block mode, the
+file-ahead prefetcher (read.ahead) watches the opens and takes loader hints.
 
 Threads: owns the threads it starts (scheduler workers, disk-cache writers,
 upload workers) and stops them in `Stack.close()`.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,9 +32,10 @@ from datamount.budget import (
     cgroup_memory_limit,
     fit_limits,
 )
-from datamount.fs.namespace import Namespace
+from datamount.fs.namespace import Attrs, Namespace
 from datamount.fs.ops import ReadOnlyFS
 from datamount.mount.plan import MountPlan
+from datamount.read.ahead import MAX_LISTING, FileAhead
 from datamount.read.blocks import ObjectId
 from datamount.read.cache.base import BlockCache, NoCache
 from datamount.read.cache.disk import DiskCache
@@ -59,11 +62,16 @@ class MountReader:
     mount's one MemoryBudget: an rw_mount hands it to its WriteBack."""
 
     def __init__(
-        self, reader: Reader, closers: list[Callable[[], None]], budget: MemoryBudget
+        self,
+        reader: Reader,
+        closers: list[Callable[[], None]],
+        budget: MemoryBudget,
+        fetcher: BlockFetcher | None = None,
     ) -> None:
         self.reader = reader
         self._closers = closers
         self.budget = budget
+        self.fetcher = fetcher  # block mode: what the file-ahead prefetcher fetches with
 
     def open(self, obj: ObjectId) -> ReadHandle:
         return self.reader.open(obj)
@@ -143,7 +151,10 @@ def build_reader(
         "on" if settings.block_file_cache_enabled else "off",
         budget.describe(),
     )
-    return MountReader(reader, [scheduler.close, cache.close], budget)
+    block_mode = settings.block_based_cache_enabled
+    return MountReader(
+        reader, [scheduler.close, cache.close], budget, fetcher if block_mode else None
+    )
 
 
 def memory_budget(
@@ -232,6 +243,7 @@ class Stack:
     cleanup: contextlib.ExitStack
     budget: MemoryBudget | None = None  # the mount's one memory budget (metrics)
     store: ObjectStore | None = None  # the metrics hook onto its responses
+    ahead: FileAhead | None = None  # the file-ahead prefetcher (block mode): hints go to it
 
     def close(self) -> None:
         self.cleanup.close()
@@ -270,10 +282,45 @@ def build(plan: MountPlan) -> Stack:
         if fs is None:
             fs = ReadOnlyFS(namespace, reader, store_id=location.store_root)
         cleanup.callback(fs.close)
+        ahead = file_ahead(reader, stats, namespace, location.store_root)
+        if ahead is not None:
+            fs.on_open = ahead.opened
+            cleanup.callback(ahead.close)  # before the reader and fs: ExitStack is LIFO
     except BaseException:
         cleanup.close()
         raise
-    return Stack(fs, stats, retry, cleanup, budget=reader.budget, store=store)
+    return Stack(fs, stats, retry, cleanup, budget=reader.budget, store=store, ahead=ahead)
+
+
+def file_ahead(
+    reader: MountReader, stats: MountStats, namespace: Namespace, store_id: str
+) -> FileAhead | None:
+    """Block mode: whole files fetched ahead of the reader, in the folder's
+    listing order or a loader's hinted order (read.ahead)."""
+    if reader.fetcher is None:
+        return None  # whole-file mode downloads each file at its open anyway
+
+    def version(attrs: Attrs) -> ObjectId:
+        return ObjectId(store_id, attrs.key, attrs.etag, attrs.size)
+
+    def resolve(rel: str) -> ObjectId | None:
+        try:
+            attrs = namespace.getattr("/" + rel)
+        except FileNotFoundError:
+            return None
+        return None if attrs.is_dir else version(attrs)
+
+    def listing(folder: str) -> list[str]:
+        # The attributes stay in the namespace's cache: the plan's files resolve there.
+        entries = itertools.islice(namespace.list_dir("/" + folder), MAX_LISTING)
+        return [name for name, a in entries if not a.is_dir]
+
+    ahead = FileAhead(reader.fetcher, stats, resolve, listing)
+    log.info(
+        "file-ahead prefetch: up to %d files, %s ahead (folder order and loader hints)",
+        ahead.plan.max_files, _mib(ahead.plan.max_bytes),
+    )  # fmt: skip
+    return ahead
 
 
 def _writable(

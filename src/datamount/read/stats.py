@@ -36,6 +36,12 @@ class MountStats:
     # memory budget) turned away.
     prefetch_offers: int = 0
     prefetch_window_full: int = 0
+    # File-ahead prefetch (read/ahead.py): whole files fetched before their
+    # open, those then opened, those dropped unopened; files hinted by loaders.
+    files_prefetched: int = 0
+    files_prefetch_used: int = 0
+    files_prefetch_wasted: int = 0
+    hinted_files: int = 0
     on_read: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
