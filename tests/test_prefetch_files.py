@@ -275,3 +275,30 @@ def test_a_spent_budget_holds_files_back_until_the_next_opens() -> None:
         assert rig.stats.bytes_fetched == sum(len(v) for v in files.values())
     finally:
         rig.close()
+
+
+def test_a_reader_of_every_4th_file_is_no_folder_order() -> None:
+    """One shard of a folder (RANK 0 of 4, in listing order): the files in
+    between are other nodes' and must not be fetched beyond a first window."""
+    names = [f"f{i:04}" for i in range(400)]
+    policy = FolderOrder()
+    policy.add_listing("d", names)
+    wanted: set[str] = set()
+    for i in range(0, 400, 4):
+        got = policy.on_open("d", names[i], lookahead=32)
+        wanted |= set(got or ())
+    others = {n for k, n in enumerate(names) if k % 4}
+    assert len(wanted & others) <= 32 + 8  # one window (+ tolerance) at most, then never again
+    # every 2nd file: the same
+    policy = FolderOrder()
+    policy.add_listing("d", names)
+    wanted = set()
+    for i in range(0, 400, 2):
+        wanted |= set(policy.on_open("d", names[i], lookahead=32) or ())
+    assert len(wanted & {n for k, n in enumerate(names) if k % 2}) <= 32 + 8
+    # a contiguous reader, 8 threads a little out of order, keeps it all along
+    policy = FolderOrder()
+    policy.add_listing("d", names)
+    order = [j for i in range(0, 400, 8) for j in reversed(range(i, min(i + 8, 400)))]
+    outs = [policy.on_open("d", names[i], lookahead=32) for i in order]
+    assert all(o is not None for o in outs) and outs[-1] == []

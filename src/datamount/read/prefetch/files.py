@@ -9,7 +9,12 @@ the calls and does the fetching).
   listing positions (opens up to `tolerance` behind the furthest one are
   tolerated, neither counted nor breaking), the files after the furthest
   one opened are the ones to fetch; an open elsewhere in that folder (a
-  jump, a shuffled order) breaks the pattern. A random order over n files
+  jump, a shuffled order) breaks the pattern, and so does a reader that
+  skips files (one shard of a folder: every 4th file, say): once the streak
+  spans more than 2 x `tolerance` positions, at least DENSITY of them must
+  have been opened (allowing `tolerance` stragglers), else fetching the
+  files in between would be wasted; after such a break the folder needs
+  MIN_STREAK opens of exactly the next file to start again. A random order over n files
   moves forward within the tolerance with probability ~(tolerance+1)/n per
   open, and the pattern needs two such moves in a row: over 2,000 files,
   (9/2000)^2, about once in 50,000 opens.
@@ -32,6 +37,8 @@ MIN_STREAK = 3
 # Listing positions an open may move forward (or lag behind the furthest
 # open) and still be "in order": 8 reader threads open 8 files at once.
 TOLERANCE = 8
+# Share of the listing positions a streak passed that must have been opened.
+DENSITY = 0.9
 
 
 @dataclass
@@ -41,6 +48,9 @@ class _Folder:
     hi: int = -1  # furthest listing position opened in this streak
     streak: int = 0
     opened: set[int] = field(default_factory=set)
+    first: int = 0  # where the streak started
+    count: int = 0  # distinct positions opened in the streak
+    strict: bool = False  # a sparse reader was seen: only pos == hi + 1 counts
 
 
 class FolderOrder:
@@ -93,21 +103,33 @@ class FolderOrder:
         if pos is None:  # not in the listing we hold (a new file): judge nothing
             return [] if state.streak < self.min_streak else self._tail(state, lookahead)
         was_on = state.streak >= self.min_streak
+        reach = 1 if state.strict else 1 + self.tolerance
         if state.hi < 0:
-            state.hi, state.streak = pos, 1
-        elif state.hi < pos <= state.hi + 1 + self.tolerance:
+            self._restart(state, pos)
+        elif state.hi < pos <= state.hi + reach:
             state.hi = pos
             state.streak += 1
-        elif state.hi - self.tolerance <= pos <= state.hi:
+        elif state.hi - self.tolerance <= pos <= state.hi and not state.strict:
             pass  # a reader thread a little behind the others
         else:
-            state.hi, state.streak = pos, 1
-            state.opened = {pos}
+            self._restart(state, pos)
             return None if was_on else []
+        if pos not in state.opened:
+            state.count += 1
         state.opened.add(pos)
+        span = state.hi - state.first + 1
+        if span > 2 * self.tolerance and state.count + self.tolerance < DENSITY * span:
+            state.strict = True  # it skips files: what lies between is not wanted
+            self._restart(state, pos)
+            return None if was_on else []
         if state.streak < self.min_streak:
             return []
         return self._tail(state, lookahead)
+
+    @staticmethod
+    def _restart(state: _Folder, pos: int) -> None:
+        state.hi, state.streak, state.first, state.count = pos, 1, pos, 1
+        state.opened = {pos}
 
     def _tail(self, state: _Folder, lookahead: int) -> list[str]:
         start = max(0, state.hi - self.tolerance)
