@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from mltable_cases.base import Case, file_entry, parquet_bytes, table_text, write
 from mltable_cases.delimited import CSV_DATA, PEOPLE, csv_cases, csv_variants
+from mltable_cases.delta import delta_cases
 
 __all__ = ["CASES", "Case", "write"]
 
@@ -267,6 +268,11 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
     "step_filter_endswith": ({"error:both"}, "both reject: endswith in a filter"),
     "step_filter_contains": ({"error:both"}, "both reject: contains in a filter"),
     "json_invalid_error": ({"error:both"}, "both reject: an invalid line by default"),
+    "delta_partitioned": ({"columns"},
+        "deliberate: a partitioned Delta table keeps its partition columns (the real "
+        "package drops them)"),
+    "delta_version_missing": ({"error:both"}, "both reject: a version the table has not reached"),
+    "delta_not_a_table": ({"error:both"}, "both reject: a folder without _delta_log"),
 }  # fmt: skip
 
 
@@ -333,6 +339,7 @@ def all_cases() -> list[Case]:
         *_json_cases(),
         *_parquet_cases(),
         *_partition_cases(),
+        *delta_cases(),
     ]
     names = {c.name for c in cases}
     unknown = set(DIFFERENCES) - names

@@ -26,6 +26,7 @@ from datamount.mltable.options import (
     DatetimeType,
     Encoding,
     ReadDelimited,
+    ReadDeltaLake,
     ReadJsonLines,
     ReadParquet,
     TakeRandomSample,
@@ -42,8 +43,8 @@ from datamount.mltable.options import (
 
 __all__ = [  # the option models live in options.py; re-exported for callers
     "CODECS", "BooleanType", "Conversion", "DatetimeType", "Encoding", "MLTable",
-    "MLTableError", "PathEntry", "ReadDelimited", "ReadJsonLines", "ReadParquet", "Step",
-    "TakeRandomSample", "parse_mltable",
+    "MLTableError", "PathEntry", "ReadDelimited", "ReadDeltaLake", "ReadJsonLines",
+    "ReadParquet", "Step", "TakeRandomSample", "parse_mltable",
 ]  # fmt: skip
 
 
@@ -51,7 +52,7 @@ class MLTableError(InvalidInput):
     """The MLTable file is malformed (exit code 2, one line per problem)."""
 
 
-READS = ("read_delimited", "read_parquet", "read_json_lines")
+READS = ("read_delimited", "read_parquet", "read_json_lines", "read_delta_lake")
 FILE_STEPS = ("take", "skip", "take_random_sample")  # before a read step: on the file list
 PATH_KINDS = ("file", "folder", "pattern")
 # May come before the read step too (the SDK writes it there): its columns come first.
@@ -72,7 +73,8 @@ class Step:
     """One transformation. `args` is the typed value for `name`:
 
     read_delimited → ReadDelimited, read_parquet → ReadParquet, read_json_lines
-    → ReadJsonLines, take / skip → int, take_random_sample → TakeRandomSample,
+    → ReadJsonLines, read_delta_lake → ReadDeltaLake, take / skip → int,
+    take_random_sample → TakeRandomSample,
     keep_columns / drop_columns → list[str] or re.Pattern ({pattern: <regex>}),
     convert_column_types →
     list[Conversion], filter → expr.Expr, extract_columns_from_partition_format
@@ -258,6 +260,7 @@ _PARSERS: dict[str, Any] = {
     "read_delimited": lambda v: ReadDelimited.model_validate(_options(v)),
     "read_parquet": lambda v: ReadParquet.model_validate(_options(v)),
     "read_json_lines": lambda v: ReadJsonLines.model_validate(_options(v)),
+    "read_delta_lake": lambda v: ReadDeltaLake.model_validate(_options(v)),
     "take": _count,
     "skip": _count,
     "take_random_sample": lambda v: TakeRandomSample.model_validate(_options(v)),

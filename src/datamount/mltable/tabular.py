@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datamount.errors import DataError
-from datamount.mltable import convert, delimited, expr, readers
+from datamount.mltable import convert, delimited, delta, expr, readers
 from datamount.mltable.evaluate import (
     StoreFactory,
     Stores,
@@ -157,6 +157,7 @@ _READERS: dict[str, Callable[..., Iterator[Chunk]]] = {
     "read_delimited": delimited.read_delimited,
     "read_parquet": readers.read_parquet,
     "read_json_lines": readers.read_json_lines,
+    "read_delta_lake": delta.read_delta_lake,
 }
 
 
