@@ -211,7 +211,7 @@ def _sdk_tables(p: dict[str, str]) -> dict[str, Any]:
 
 
 SDK_DIFFERENCES: dict[str, set[str]] = {
-    # not yet: the stream_info type (datamount gives each file's URI as text)
+    # deliberate: a stream_info value is the file's URI as text (see the corpus)
     "paths": {"dtype:Path", "values:Path"},
     # deliberate: partition values stay the path's text (see the corpus)
     "delimited_partition": {"dtype:k", "values:k"},

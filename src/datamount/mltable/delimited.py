@@ -11,7 +11,6 @@ consumer's thread.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from datamount.errors import StorageError
-from datamount.mltable import convert
+from datamount.mltable import convert, rows
 from datamount.mltable.layout import EvalFile
 from datamount.mltable.model import CODECS, ReadDelimited
 from datamount.mltable.readers import Chunk, StoreFile, StoreOf, fail, open_file, with_path
@@ -113,7 +112,7 @@ def _csv_by_lines(
     raw = StoreFile(store, file.key, file.size, file.etag or None)
     columns = names
     schema: pa.Schema | None = None  # of the last block, for a file with no rows
-    rows = False
+    any_rows = False
     skip = 1 if names is not None and opts.header == "all_files_same_headers" else 0
     for block in _line_blocks(raw, block_size):
         if columns is None and not opts.infer_column_types:
@@ -137,6 +136,7 @@ def _csv_by_lines(
             else _text_columns(opts)
         )
         convert_opts = _convert_options(opts, types)
+        block = rows.literal_open_quotes(block, opts.delimiter.encode(encoding))
         try:
             table = pacsv.read_csv(
                 pa.py_buffer(block), read_options=read, parse_options=parse,
@@ -145,13 +145,26 @@ def _csv_by_lines(
         except pa.ArrowInvalid as exc:
             if "columns, got" not in str(exc):
                 raise
-            # A short row: padded with nulls, as Azure ML reads it.
-            width = len(columns or _first_line_names(block, encoding, parse, no_header))
-            padded = _pad_rows(block, codec, opts.delimiter, width)
+            # A short row: padded with nulls; a long row: its extra fields as
+            # Column<n> columns (nulls in the other rows), as Azure ML reads them.
+            base = columns or _first_line_names(block, encoding, parse, no_header)
+            block, width = rows.pad_rows(block, codec, opts.delimiter, len(base))
+            if width > len(base):
+                header_here = columns is None and not no_header
+                names_now = rows.wide_names(base, width)
+                read = pacsv.ReadOptions(
+                    use_threads=False, encoding=encoding, block_size=len(block) + 1,
+                    column_names=names_now, skip_rows=read.skip_rows + header_here,
+                )  # fmt: skip
+                if not opts.infer_column_types:
+                    convert_opts = _convert_options(opts, dict.fromkeys(names_now, pa.string()))
+                columns = columns or base
             table = pacsv.read_csv(
-                pa.py_buffer(padded), read_options=read, parse_options=parse,
+                pa.py_buffer(block), read_options=read, parse_options=parse,
                 convert_options=convert_opts,
             )  # fmt: skip
+        if opts.infer_column_types and b"+" in block:  # `+2`: Arrow infers float
+            table = rows.plus_ints(table, _as_text(block, read, parse, opts))
         if columns is None:
             columns = (
                 [f"Column{i + 1}" for i in range(table.num_columns)]
@@ -160,24 +173,24 @@ def _csv_by_lines(
             )
             table = table.rename_columns(columns)
         table = _typed(table)
-        schema, rows = table.schema, rows or table.num_rows > 0
+        schema, any_rows = table.schema, any_rows or table.num_rows > 0
         yield from table.to_batches()
-    if not rows and schema is not None:  # a header and no row: its columns still count
+    if not any_rows and schema is not None:  # a header and no row: its columns still count
         yield _empty(schema)
 
 
-def _pad_rows(block: bytes, codec: str, delimiter: str, width: int) -> bytes:
-    """`block` (whole lines, one record each) with every row of fewer than
-    `width` fields given empty fields at its end."""
-    codec = "utf-8" if codec == "utf-8-sig" else codec  # a BOM stays where it is
-    out = []
-    for line in block.decode(codec).split("\n"):
-        body = line.removesuffix("\r")
-        fields = next(csv.reader([body], delimiter=delimiter), [])
-        if body and len(fields) < width:
-            line = body + delimiter * (width - len(fields)) + line[len(body) :]
-        out.append(line)
-    return "\n".join(out).encode(codec)
+def _as_text(block: bytes, read: Any, parse: Any, opts: ReadDelimited) -> Any:
+    """Reads `block`'s columns `names` as text (rows.plus_ints)."""
+
+    def as_text(names: list[str]) -> Any:
+        convert_opts = _convert_options(opts, dict.fromkeys(names, pa.string()))
+        convert_opts.include_columns = names
+        return pacsv.read_csv(
+            pa.py_buffer(block), read_options=read, parse_options=parse,
+            convert_options=convert_opts,
+        )  # fmt: skip
+
+    return as_text
 
 
 def _first_line_names(block: bytes, encoding: str, parse: Any, no_header: bool) -> list[str]:
@@ -234,13 +247,13 @@ def _csv_streaming(
         if no_header
         else dedupe(csv.schema.names)
     )
-    rows = False
+    any_rows = False
     with csv:
         for batch in csv:
             batch = _typed(pa.RecordBatch.from_arrays(batch.columns, names=rename))
-            rows = rows or batch.num_rows > 0
+            any_rows = any_rows or batch.num_rows > 0
             yield batch
-        if not rows:  # a header and no row: its columns still count, typed as no value
+        if not any_rows:  # a header and no row: its columns still count, typed as no value
             schema = inferred if opts.infer_column_types else csv.schema
             schema = pa.schema([f.with_name(n) for f, n in zip(schema, rename, strict=True)])
             yield _empty(schema)
