@@ -136,33 +136,18 @@ def _csv_by_lines(
             else _text_columns(opts)
         )
         convert_opts = _convert_options(opts, types)
-        block = rows.literal_open_quotes(block, opts.delimiter.encode(encoding))
+        shape, first_read = _Shape(opts, parse, encoding, no_header), read
         try:
-            table = pacsv.read_csv(
-                pa.py_buffer(block), read_options=read, parse_options=parse,
-                convert_options=convert_opts,
-            )  # fmt: skip
-        except pa.ArrowInvalid as exc:
-            if "columns, got" not in str(exc):
+            table, block, read, wide = shape.parse(block, read, convert_opts, columns)
+            joined = b'"' in block and rows.joined(table, block, read)
+        except pa.ArrowInvalid:
+            if b'"' not in block:
                 raise
-            # A short row: padded with nulls; a long row: its extra fields as
-            # Column<n> columns (nulls in the other rows), as Azure ML reads them.
-            base = columns or _first_line_names(block, encoding, parse, no_header)
-            block, width = rows.pad_rows(block, codec, opts.delimiter, len(base))
-            if width > len(base):
-                header_here = columns is None and not no_header
-                names_now = rows.wide_names(base, width)
-                read = pacsv.ReadOptions(
-                    use_threads=False, encoding=encoding, block_size=len(block) + 1,
-                    column_names=names_now, skip_rows=read.skip_rows + header_here,
-                )  # fmt: skip
-                if not opts.infer_column_types:
-                    convert_opts = _convert_options(opts, dict.fromkeys(names_now, pa.string()))
-                columns = columns or base
-            table = pacsv.read_csv(
-                pa.py_buffer(block), read_options=read, parse_options=parse,
-                convert_options=convert_opts,
-            )  # fmt: skip
+            joined = True  # e.g. a quote left open on the block's last line
+        if joined:  # without support_multi_line a newline always ends a row
+            block = rows.literal_open_quotes(block, opts.delimiter.encode(encoding))
+            table, block, read, wide = shape.parse(block, first_read, convert_opts, columns)
+        columns = columns or wide
         if opts.infer_column_types and b"+" in block:  # `+2`: Arrow infers float
             table = rows.plus_ints(table, _as_text(block, read, parse, opts))
         if columns is None:
@@ -177,6 +162,50 @@ def _csv_by_lines(
         yield from table.to_batches()
     if not any_rows and schema is not None:  # a header and no row: its columns still count
         yield _empty(schema)
+
+
+class _Shape:
+    """Parses one block of whole lines, padding short rows and widening long
+    ones as Azure ML reads them (rows.py)."""
+
+    def __init__(self, opts: ReadDelimited, parse: Any, encoding: str, no_header: bool) -> None:
+        self.opts, self.parse_opts, self.encoding, self.no_header = opts, parse, encoding, no_header
+
+    def parse(
+        self, block: bytes, read: Any, convert_opts: Any, columns: list[str] | None
+    ) -> tuple[Any, bytes, Any, list[str] | None]:
+        """(table, the block parsed, its read options, the header's names when a
+        long row widened a block whose header it read)."""
+        opts, parse = self.opts, self.parse_opts
+        try:
+            table = pacsv.read_csv(
+                pa.py_buffer(block), read_options=read, parse_options=parse,
+                convert_options=convert_opts,
+            )  # fmt: skip
+            return table, block, read, None
+        except pa.ArrowInvalid as exc:
+            if "columns, got" not in str(exc):
+                raise
+        # A short row: padded with nulls; a long row: its extra fields as
+        # Column<n> columns (nulls in the other rows), as Azure ML reads them.
+        base = columns or _first_line_names(block, self.encoding, parse, self.no_header)
+        block, width = rows.pad_rows(block, CODECS[opts.encoding], opts.delimiter, len(base))
+        wide = None
+        if width > len(base):
+            header_here = columns is None and not self.no_header
+            names_now = rows.wide_names(base, width)
+            read = pacsv.ReadOptions(
+                use_threads=False, encoding=self.encoding, block_size=len(block) + 1,
+                column_names=names_now, skip_rows=read.skip_rows + header_here,
+            )  # fmt: skip
+            if not opts.infer_column_types:
+                convert_opts = _convert_options(opts, dict.fromkeys(names_now, pa.string()))
+            wide = base
+        table = pacsv.read_csv(
+            pa.py_buffer(block), read_options=read, parse_options=parse,
+            convert_options=convert_opts,
+        )  # fmt: skip
+        return table, block, read, wide
 
 
 def _as_text(block: bytes, read: Any, parse: Any, opts: ReadDelimited) -> Any:

@@ -9,15 +9,12 @@ functions of bytes and Arrow tables; run on the consumer's thread.
 from __future__ import annotations
 
 import csv
-import re
 from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv
 
-# A line holding an odd number of quote characters: its quote is not closed
-# on the line (Arrow would join the next line into the field).
-_ODD_QUOTES = re.compile(rb'(?m)^[^"\n]*(?:"[^"\n]*"[^"\n]*)*"[^"\n]*$')
 _INT_TEXT = r"^\s*[+-]?\d+\s*$"
 
 
@@ -51,8 +48,6 @@ def literal_open_quotes(block: bytes, delimiter: bytes) -> bytes:
     rewritten so that its quote characters are text (`1,"two` gives `1` and
     `"two`): a newline always ends a row, as Azure ML reads without
     `support_multi_line`. Lines with balanced quotes are unchanged."""
-    if b'"' not in block or not _ODD_QUOTES.search(block):
-        return block
     out = []
     for line in block.split(b"\n"):
         body = line.removesuffix(b"\r")
@@ -62,6 +57,21 @@ def literal_open_quotes(block: bytes, delimiter: bytes) -> bytes:
             line = body + line[len(line.removesuffix(b"\r")) :]
         out.append(line)
     return b"\n".join(out)
+
+
+def joined(table: pa.Table, block: bytes, read: pa.csv.ReadOptions) -> bool:
+    """Whether Arrow joined lines of `block` into one row (a quote left open
+    at a line's end): fewer rows than lines, and a text value holding a line
+    break. Counting lines is cheap; the text is searched only when they differ
+    (a blank line also does: Arrow skips it)."""
+    header = 0 if read.column_names or read.autogenerate_column_names else 1
+    if table.num_rows == block.count(b"\n") - read.skip_rows - header:
+        return False
+    return any(
+        pc.any(pc.match_substring(table.column(i), "\n")).as_py()
+        for i, f in enumerate(table.schema)
+        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+    )
 
 
 def plus_ints(table: pa.Table, as_text: Callable[[list[str]], pa.Table]) -> pa.Table:
