@@ -94,3 +94,19 @@ def test_plus_signed_ints_stay_int(tmp_path: Path) -> None:
     df = load(str(folder)).to_pandas_dataframe()
     assert df["i"].tolist() == [-1, 2] and str(df["i"].dtype) == "int64"
     assert df["f"].tolist() == [-1.5, 1000.0]
+
+
+def test_select_partitions_by_bytes(tmp_path: Path) -> None:
+    """A partition is `partition_size` bytes of a file; a row is in the one its
+    first byte is in (as Azure ML), however the reader cuts its blocks."""
+    data = b"n\n" + b"".join(b"%d\n" % i for i in range(2000))
+    offsets, at = [], 2
+    for i in range(2000):
+        offsets.append(at)
+        at += len(b"%d\n" % i)
+    step = "{read_delimited: {partition_size: 1000}}, {select_partitions: [1, 4]}"
+    folder = _table(tmp_path, data, "a.csv", step)
+    expected = [i for i, o in enumerate(offsets) if o // 1000 in (1, 4)]
+    for block in (64, 700, 1 << 20):
+        df = load(str(folder), block_size=block).to_pandas_dataframe()
+        assert df["n"].tolist() == expected

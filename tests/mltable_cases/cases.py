@@ -14,6 +14,7 @@ import pyarrow as pa
 from mltable_cases.base import Case, file_entry, parquet_bytes, table_text, write
 from mltable_cases.delimited import CSV_DATA, PEOPLE, csv_cases, csv_variants
 from mltable_cases.delta import delta_cases
+from mltable_cases.sections import section_cases
 
 __all__ = ["CASES", "Case", "write"]
 
@@ -269,6 +270,15 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
     "step_filter_endswith": ({"error:both"}, "both reject: endswith in a filter"),
     "step_filter_contains": ({"error:both"}, "both reject: contains in a filter"),
     "json_invalid_error": ({"error:both"}, "both reject: an invalid line by default"),
+    "parts_one": ({"error:mltable"},
+        "deliberate: select_partitions takes one index as well as a list (as the SDK's "
+        "select_partitions(1) does; the real package's schema wants a list)"),
+    "parts_past_end": ({"error:both"}, "both reject: a partition past the table's last"),
+    "sample_random_percent": ({"rows"},
+        "deliberate: `sample` draws other rows than Azure ML's runtime (a seeded numpy "
+        "generator, as take_random_sample)"),
+    "sample_no_lower_bound": ({"error:both"},
+        "both reject: sample without probability_lower_bound"),
     "delta_partitioned": ({"columns"},
         "deliberate: a partitioned Delta table keeps its partition columns (the real "
         "package drops them)"),
@@ -341,6 +351,7 @@ def all_cases() -> list[Case]:
         *_parquet_cases(),
         *_partition_cases(),
         *delta_cases(),
+        *section_cases(),
     ]
     names = {c.name for c in cases}
     unknown = set(DIFFERENCES) - names

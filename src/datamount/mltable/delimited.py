@@ -35,13 +35,20 @@ def read_delimited(
     # their first line is a header, dropped, and the first file's names hold
     # (both as Azure ML reads them: by position).
     shared = opts.header in ("from_first_file", "all_files_same_headers")
+    base, size = 0, opts.partition_size or PARTITION_SIZE  # select_partitions' partitions
     for index, file in enumerate(files):
         names = first_names if shared and index > 0 else None
-        for batch in _csv_batches(opts, file, store_of(file), block_size, names):
+        for batch, part in _csv_batches(opts, file, store_of(file), block_size, names):
             if shared and first_names is None:
                 first_names = list(batch.schema.names)
             batch = _overridden(batch, opts)
-            yield Chunk(with_path(batch, path_col, file), file)
+            yield Chunk(
+                with_path(batch, path_col, file), file, None if part is None else base + part
+            )
+        base += max(1, -(-file.size // size))
+
+
+PARTITION_SIZE = 20 << 20  # Azure ML's partition of delimited text: 20 MiB of a file
 
 
 def _csv_batches(
@@ -50,13 +57,16 @@ def _csv_batches(
     store: ObjectStore,
     block_size: int,
     names: list[str] | None,
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[tuple[pa.RecordBatch, int | None]]:
+    """Batches and the partition of the file each one's rows are in (None:
+    not known, with Arrow's streaming reader)."""
     if file.size == 0:
         return
     codec = CODECS[opts.encoding]
     try:
         if opts.support_multi_line or codec in ("utf-16", "utf-32"):
-            yield from _csv_streaming(opts, file, store, block_size, names)
+            for batch in _csv_streaming(opts, file, store, block_size, names):
+                yield batch, None
         else:
             yield from _csv_by_lines(opts, file, store, block_size, names)
     except (pa.ArrowInvalid, StorageError, UnicodeError) as exc:
@@ -76,21 +86,29 @@ def _convert_options(opts: ReadDelimited, types: dict[str, pa.DataType] | None) 
     )
 
 
-def _line_blocks(raw: StoreFile, block_size: int) -> Iterator[bytes]:
+def _line_blocks(raw: StoreFile, block_size: int, part_size: int) -> Iterator[tuple[bytes, int]]:
     """The file in ~block_size pieces cut after a newline: one ranged read
-    per block, and a block is read only when the previous one was consumed."""
-    carry = b""
+    per block, and a block is read only when the previous one was consumed.
+    Each with its partition (`part_size` bytes each, a row in the one its
+    first byte is in): a block whose rows are in two is cut in two."""
+    carry, start = b"", 0  # start: the file offset of carry's first byte
     while True:
         data = raw.read(block_size)
         if not data:
             if carry:  # a last line with no newline: Arrow reads a lone header line
-                yield carry + b"\n"  # without one as an empty file (no columns)
+                yield carry + b"\n", start // part_size  # without one as an empty file
             return
         buf = carry + data
         cut = buf.rfind(b"\n") + 1
-        if cut:
-            yield buf[:cut]
-        carry = buf[cut:]
+        i = 0
+        while i < cut:
+            part = (start + i) // part_size
+            end = (part + 1) * part_size - start  # where the partition ends, in buf
+            nl = buf.find(b"\n", end - 1, cut) if end < cut else -1
+            piece_end = cut if nl < 0 else nl + 1
+            yield buf[i:piece_end], part
+            i = piece_end
+        carry, start = buf[cut:], start + cut
 
 
 def _csv_by_lines(
@@ -99,7 +117,7 @@ def _csv_by_lines(
     store: ObjectStore,
     block_size: int,
     names: list[str] | None,
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Parse each block of whole lines on its own (types inferred per block,
     unified when the table is assembled). Arrow's own streaming reader reads
     ahead on a background thread (2-4 MiB measured past a satisfied take);
@@ -114,7 +132,7 @@ def _csv_by_lines(
     schema: pa.Schema | None = None  # of the last block, for a file with no rows
     any_rows = False
     skip = 1 if names is not None and opts.header == "all_files_same_headers" else 0
-    for block in _line_blocks(raw, block_size):
+    for block, part in _line_blocks(raw, block_size, opts.partition_size or PARTITION_SIZE):
         if columns is None and not opts.infer_column_types:
             # Inference off: every value is the file's text. Learn the column
             # names from the first line alone, then read the whole block as
@@ -159,9 +177,10 @@ def _csv_by_lines(
             table = table.rename_columns(columns)
         table = _typed(table)
         schema, any_rows = table.schema, any_rows or table.num_rows > 0
-        yield from table.to_batches()
+        for batch in table.to_batches():
+            yield batch, part
     if not any_rows and schema is not None:  # a header and no row: its columns still count
-        yield _empty(schema)
+        yield _empty(schema), 0
 
 
 class _Shape:

@@ -29,6 +29,7 @@ from datamount.mltable.options import (
     ReadDeltaLake,
     ReadJsonLines,
     ReadParquet,
+    Sample,
     TakeRandomSample,
 )
 from datamount.mltable.options import (
@@ -78,7 +79,8 @@ class Step:
     keep_columns / drop_columns → list[str] or re.Pattern ({pattern: <regex>}),
     convert_column_types →
     list[Conversion], filter → expr.Expr, extract_columns_from_partition_format
-    → patterns.PartitionFormat.
+    → patterns.PartitionFormat, select_partitions → list[int] (sorted),
+    sample → Sample.
     """
 
     name: str
@@ -250,6 +252,16 @@ def _selector(value: Any) -> list[str] | re.Pattern[str]:
     return _columns(value)
 
 
+def _partition_list(value: Any) -> list[int]:
+    """`select_partitions`: partition indexes (one, or a non-empty list)."""
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items
+    ):
+        raise ValueError(f"expected a partition index or a list of them (>= 0), got {value!r}")
+    return sorted(set(items))
+
+
 def _filter(value: Any) -> expr.Expr:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected an expression string, got {value!r}")
@@ -268,5 +280,7 @@ _PARSERS: dict[str, Any] = {
     "drop_columns": _selector,
     "convert_column_types": _conversions,
     "filter": _filter,
+    "select_partitions": _partition_list,
+    "sample": lambda v: Sample.model_validate(_options(v)),
     "extract_columns_from_partition_format": _partition,
 }

@@ -120,6 +120,20 @@ class TakeRandomSample(_Strict):
     seed: int | None = None
 
 
+class SamplerArguments(_Strict):
+    probability: float = Field(ge=0.0, le=1.0)
+    probability_lower_bound: float = Field(ge=0.0, le=1.0)  # required, as by Azure ML's runtime
+    seed: int | None = None
+
+
+class Sample(_Strict):
+    """The `sample` transformation (Azure ML's schema): row i is kept when the
+    i-th draw lies in [probability_lower_bound, probability)."""
+
+    sampler: Literal["random_percent", "randomPercent"]
+    sampler_arguments: SamplerArguments
+
+
 class DatetimeType(_Strict):
     formats: list[str] = Field(default_factory=list)
     date_constant: str | None = None

@@ -32,10 +32,16 @@ StoreOf = Callable[[EvalFile], ObjectStore]
 
 @dataclass(frozen=True)
 class Chunk:
-    """Rows of one file: the batch and the file it came from (for path columns)."""
+    """Rows of one file: the batch, the file it came from (for path columns)
+    and the table partition its rows are in (`select_partitions`; None where
+    the reader does not tell)."""
 
     batch: pa.RecordBatch
     file: EvalFile
+    part: int | None = None
+
+    def with_batch(self, batch: pa.RecordBatch) -> Chunk:
+        return Chunk(batch, self.file, self.part)
 
 
 class StoreFile(io.RawIOBase):
@@ -105,11 +111,17 @@ def read_parquet(
     opts: ReadParquet, files: list[EvalFile], store_of: StoreOf, block_size: int
 ) -> Iterator[Chunk]:
     path_col = opts.path_column if opts.include_path_column else None
+    base = 0  # a partition is a row group, as Azure ML counts them
     for file in files:
         try:
             with pq.ParquetFile(open_file(file, store_of(file), block_size)) as pf:
-                for batch in pf.iter_batches(batch_size=65_536, use_threads=False):
-                    yield Chunk(with_path(batch, path_col, file), file)
+                for group in range(pf.num_row_groups):
+                    batches = pf.iter_batches(
+                        batch_size=65_536, row_groups=[group], use_threads=False
+                    )
+                    for batch in batches:
+                        yield Chunk(with_path(batch, path_col, file), file, base + group)
+                base += pf.num_row_groups
         except (pa.ArrowInvalid, StorageError, OSError) as exc:
             raise fail(file, exc) from None
 
