@@ -57,3 +57,27 @@ def test_not_a_delta_table(azurite: Azurite, container: ContainerClient) -> None
     container.upload_blob("m/t/a.txt", b"x")
     with pytest.raises(DataError, match=r"read_delta_lake: .*no _delta_log/ in the folder"):
         _load(container, azurite, "read_delta_lake", Counts()).to_pandas_dataframe()
+
+
+def test_delta_eval_layout_round_trip(tmp_path: Path) -> None:
+    """eval_download's layout of a Delta table (each file a `file:` entry)
+    loads to the same table: the log is found among the files."""
+    import shutil
+
+    from datamount.mltable.evaluate import evaluate_table
+    from datamount.mltable.tabular import default_store_factory
+
+    table = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    deltalake.write_deltalake(str(tmp_path / "src" / "t"), table, partition_by=["k"])
+    (tmp_path / "src" / "MLTable").write_text(
+        "paths:\n  - folder: ./t\ntransformations:\n  - read_delta_lake\n"
+    )
+    _, files, text = evaluate_table(str(tmp_path / "src"), None, default_store_factory)
+    out = tmp_path / "eval"
+    for f in files:
+        (out / f.eval_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f.path, out / f.eval_path)
+    (out / "MLTable").write_text(text)
+    want = load(str(tmp_path / "src")).to_pandas_dataframe()
+    assert load(str(out)).to_pandas_dataframe().to_dict("list") == want.to_dict("list")
+    assert sorted(want["v"].tolist()) == [1, 2, 3]
