@@ -15,6 +15,7 @@ files' `modificationTime` (as Azure ML's reader takes it; not the log
 file's modification time), else its `commitInfo` timestamp.
 Partition columns (absent from the data files) are filled from the log's
 partition values, typed as the table's schema says, in the schema's order.
+Runs on the consumer's thread.
 """
 
 from __future__ import annotations
