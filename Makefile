@@ -73,6 +73,7 @@ posix: setup
 bench: setup bench-deps
 	$(BIN)/python benchmarks/transfer.py
 	$(BIN)/python benchmarks/mount.py
+	$(BIN)/python benchmarks/mltable.py
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .demo

@@ -144,7 +144,15 @@ def _sdk_data(root: Path) -> dict[str, str]:
     (root / "data" / "k=2" / "a.csv").write_bytes(SDK_CSV)
     (root / "data" / "a.jsonl").write_bytes(SDK_JSON)
     pq.write_table(pa.table({"a": [1, 2, 3], "s": ["x", None, "z"]}), root / "data" / "a.parquet")
+    try:
+        from deltalake import write_deltalake
+
+        write_deltalake(str(root / "delta"), pa.table({"a": [1, 2], "s": ["x", None]}))
+        write_deltalake(str(root / "delta"), pa.table({"a": [3], "s": ["z"]}), mode="append")
+    except ImportError:
+        pass
     return {
+        "delta": str(root / "delta"),
         "csv": str(root / "data" / "k=1" / "a.csv"),
         "csvs": str(root / "data" / "*" / "a.csv"),
         "json": str(root / "data" / "a.jsonl"),
@@ -207,11 +215,14 @@ def _sdk_tables(p: dict[str, str]) -> dict[str, Any]:
             m.from_parquet_files([{"file": p["parquet"]}]).keep_columns(["s"]).skip(1)
         ),
         "paths": lambda: m.from_paths([{"file": p["parquet"]}]),
+        "delta": lambda: m.from_delta_lake(p["delta"]),
+        "delta_version": lambda: m.from_delta_lake(p["delta"], version_as_of=0),
+        "delta_path_col": lambda: m.from_delta_lake(p["delta"], include_path_column=True),
     }
 
 
 SDK_DIFFERENCES: dict[str, set[str]] = {
-    # not yet: the stream_info type (datamount gives each file's URI as text)
+    # deliberate: a stream_info value is the file's URI as text (see the corpus)
     "paths": {"dtype:Path", "values:Path"},
     # deliberate: partition values stay the path's text (see the corpus)
     "delimited_partition": {"dtype:k", "values:k"},
@@ -231,6 +242,8 @@ def sdk_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 @pytest.mark.parametrize("name", SDK_NAMES)
 def test_sdk_written(name: str, sdk_paths: tuple[Path, dict[str, str]]) -> None:
     root, paths = sdk_paths
+    if name.startswith("delta"):
+        pytest.importorskip("deltalake")
     folder = root / "tables" / name
     _sdk_tables(paths)[name]().save(str(folder))
     assert (folder / "MLTable").is_file()

@@ -197,10 +197,11 @@ def test_partition_format_spellings() -> None:
             "MLTable /data/t/MLTable: paths: expected a non-empty list of file:, folder: or pattern: entries",
         ),
         (
-            "paths: [{file: a.csv}]\ntransformations: [{sample: 3}]",
-            "MLTable /data/t/MLTable: transformations[0]: unknown transformation 'sample' (known: "
+            "paths: [{file: a.csv}]\ntransformations: [{shuffle: 3}]",
+            "MLTable /data/t/MLTable: transformations[0]: unknown transformation 'shuffle' (known: "
             "convert_column_types, drop_columns, extract_columns_from_partition_format, filter, "
-            "keep_columns, read_delimited, read_json_lines, read_parquet, skip, take, take_random_sample)",
+            "keep_columns, read_delimited, read_delta_lake, read_json_lines, read_parquet, sample, "
+            "select_partitions, skip, take, take_random_sample)",
         ),
         (
             "paths: [{file: a.csv}]\ntransformations: [{take: -1}]",

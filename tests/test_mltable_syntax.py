@@ -75,3 +75,45 @@ def test_one_line_errors(step: str, message: str) -> None:
         steps(step)
     assert str(info.value) == f"MLTable {SRC}: {message}"
     assert info.value.exit_code == 2
+
+
+def test_read_delta_lake_options() -> None:
+    (read,) = steps("{read_delta_lake: {version_as_of: 2, include_path_column: false}}")
+    assert read.is_read and read.args.version_as_of == 2 and read.args.timestamp_as_of is None
+    (read,) = steps("{read_delta_lake: {timestamp_as_of: '2024-01-01T00:00:00+02:00'}}")
+    assert read.args.timestamp_as_of == "2024-01-01T00:00:00+02:00"
+    for bad, message in [
+        ("{version_as_of: 1, timestamp_as_of: '2024-01-01T00:00:00Z'}",
+         "give version_as_of or timestamp_as_of, not both"),
+        ("{timestamp_as_of: 'yesterday'}", "timestamp_as_of 'yesterday': expected RFC 3339"),
+        ("{version_as_of: -1}", "version_as_of"),
+    ]:  # fmt: skip
+        with pytest.raises(MLTableError) as info:
+            steps(f"{{read_delta_lake: {bad}}}")
+        text = str(info.value)
+        assert text.startswith(f"MLTable {SRC}: transformations[0].read_delta_lake: ")
+        assert message in text and "\n" not in text
+
+
+def test_select_partitions_and_sample_parse() -> None:
+    (_, parts) = steps("read_parquet, {select_partitions: [3, 1, 3]}")
+    assert parts.args == [1, 3]
+    (_, one) = steps("read_parquet, {select_partitions: 2}")
+    assert one.args == [2]
+    (_, sample) = steps(
+        "read_parquet, {sample: {sampler: random_percent, sampler_arguments: "
+        "{probability: 0.5, probability_lower_bound: 0.1, seed: 4}}}"
+    )
+    assert sample.args.sampler_arguments.probability_lower_bound == 0.1
+    for bad, message in [
+        ("{select_partitions: [-1]}", "expected a partition index or a list of them"),
+        ("{select_partitions: []}", "expected a partition index or a list of them"),
+        ("{sample: {sampler: random_percent, sampler_arguments: {probability: 0.5}}}",
+         "probability_lower_bound"),
+        ("{sample: {sampler: stratified, sampler_arguments: "
+         "{probability: 0.5, probability_lower_bound: 0}}}", "sampler"),
+    ]:  # fmt: skip
+        with pytest.raises(MLTableError) as info:
+            steps(f"read_parquet, {bad}")
+        assert message in str(info.value) and "\n" not in str(info.value)
+        assert str(info.value).startswith(f"MLTable {SRC}: transformations[1].")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from datamount.errors import DataError
 from datamount.mltable import load
 
 TEXT = ["00501", "1.50", "TRUE", "1e3", "2024-01-01", "07", "NA", "null", "-0", " 3 "]
@@ -73,10 +72,41 @@ def test_a_short_row_gets_nulls_in_any_block(tmp_path: Path) -> None:
     df = load(str(folder), block_size=64).to_pandas_dataframe()
     assert df["a"].tolist() == list(range(1, 60))
     assert df["c"].isna().tolist() == [i % 7 == 0 for i in range(1, 60)]
-    (tmp_path / "a.csv").write_bytes(b"a,b\n1,2,3\n")  # a longer row: one line, naming the file
-    with pytest.raises(
-        DataError,
-        match=r"^MLTable .*/MLTable: transformations\[0\]\.read_delimited: "
-        r".*a\.csv \(paths\[0\]\): CSV parse error: Row #2: Expected 2 columns, got 3",
-    ):
-        load(str(folder)).to_pandas_dataframe()
+    # A longer row: its extra fields as Column3..., as Azure ML (issue 12; was an error).
+    (tmp_path / "a.csv").write_bytes(b"a,b\n1,2,3\n4,5\n")
+    df = load(str(folder)).to_pandas_dataframe()
+    assert list(df.columns) == ["a", "b", "Column3"]
+    assert df["Column3"].tolist()[0] == 3 and df["Column3"].isna().tolist() == [False, True]
+
+
+def test_no_multi_line_a_newline_ends_a_row(tmp_path: Path) -> None:
+    """support_multi_line: false (the default): a quote left open at a line's
+    end is text, and the next line is the next row, as Azure ML reads it."""
+    data = b'a,b\n1,"two\nlines"\n2,z\n' + b"".join(b"%d,y\n" % i for i in range(3, 40))
+    folder = _table(tmp_path, data, "a.csv", "read_delimited")
+    df = load(str(folder), block_size=64).to_pandas_dataframe()
+    assert df["a"].tolist()[:3] == ["1", 'lines"', "2"]
+    assert df["b"][0] == '"two' and df["b"].isna().tolist()[:3] == [False, True, False]
+
+
+def test_plus_signed_ints_stay_int(tmp_path: Path) -> None:
+    folder = _table(tmp_path, b"i,f\n-1,-1.5\n+2,1e3\n", "a.csv", "read_delimited")
+    df = load(str(folder)).to_pandas_dataframe()
+    assert df["i"].tolist() == [-1, 2] and str(df["i"].dtype) == "int64"
+    assert df["f"].tolist() == [-1.5, 1000.0]
+
+
+def test_select_partitions_by_bytes(tmp_path: Path) -> None:
+    """A partition is `partition_size` bytes of a file; a row is in the one its
+    first byte is in (as Azure ML), however the reader cuts its blocks."""
+    data = b"n\n" + b"".join(b"%d\n" % i for i in range(2000))
+    offsets, at = [], 2
+    for i in range(2000):
+        offsets.append(at)
+        at += len(b"%d\n" % i)
+    step = "{read_delimited: {partition_size: 1000}}, {select_partitions: [1, 4]}"
+    folder = _table(tmp_path, data, "a.csv", step)
+    expected = [i for i, o in enumerate(offsets) if o // 1000 in (1, 4)]
+    for block in (64, 700, 1 << 20):
+        df = load(str(folder), block_size=block).to_pandas_dataframe()
+        assert df["n"].tolist() == expected

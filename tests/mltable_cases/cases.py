@@ -13,6 +13,8 @@ import pyarrow as pa
 
 from mltable_cases.base import Case, file_entry, parquet_bytes, table_text, write
 from mltable_cases.delimited import CSV_DATA, PEOPLE, csv_cases, csv_variants
+from mltable_cases.delta import delta_cases
+from mltable_cases.sections import section_cases
 
 __all__ = ["CASES", "Case", "write"]
 
@@ -203,6 +205,10 @@ def _partition_cases() -> list[Case]:
 # "both reject: ..." neither reads it (asserted, so that no case passes by
 # failing twice unnoticed).
 
+STREAM_INFO = (
+    "deliberate: a stream_info value (a paths-only table's Path) is the file's URI as "
+    "text (the real package's StreamInfo object needs its runtime to open)"
+)
 NO_COLUMNS = "deliberate: a table with no rows keeps its columns (the real package drops them)"
 DIFFERENCES: dict[str, tuple[set[str], str]] = {
     "csv_default_header_only": ({"columns"}, NO_COLUMNS),
@@ -216,7 +222,7 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
     "files_named_twice": ({"rows"},
         "deliberate: a file named twice is read once (the real package repeats its rows)"),
     "files_paths_only": ({"dtype:Path", "values:Path"},
-        "not yet: the stream_info type; datamount gives each file's URI as text"),
+        STREAM_INFO),
     "step_filter_missing_col": ({"error:datamount"},
         "deliberate: a filter on a missing column is an error (the real package "
         "returns an empty table without columns)"),
@@ -240,9 +246,6 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
     "partition_before_read": ({"dtype:x", "values:x"},
         "deliberate: partition values stay the path's text (the real package types "
         "them: 01 would become 1)"),
-    "csv_default_negatives": ({"dtype:i"}, "not yet: a leading '+' in an inferred int"),
-    "csv_default_multi_line": ({"dtype:a", "rows"},
-        "not yet: support_multi_line: false splitting at every newline inside quotes"),
     "step_filter_startswith": ({"error:mltable"},
         "deliberate: startswith on a null is unknown and drops the row (the real "
         "package fails on the first null)"),
@@ -250,10 +253,12 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
         "deliberate: a multi-character delimiter is an error (the real package splits "
         "at each character and invents an empty column)"),
     "row_sample": ({"values:id", "values:name", "values:score", "values:flag", "values:day"},
-        "not yet: a row-level take_random_sample draws other rows than Azure ML's "
-        "(a seeded numpy generator)"),
+        "deliberate: a row-level take_random_sample draws other rows than Azure ML's "
+        "(a seeded numpy generator: the same seed keeps the same rows; Azure ML's "
+        "generator is its runtime's own)"),
     "conv_stream_info": ({"error:datamount"},
-        "not yet: the stream_info column type (the real package nulls every text value)"),
+        "deliberate: convert_column_types to stream_info is an error (the real package "
+        "nulls every text value)"),
     "conv_datetime_default": ({"error:mltable"},
         "deliberate: column_type: datetime without formats reads ISO 8601"),
     "filter_is_not_null": ({"error:mltable"},
@@ -262,11 +267,23 @@ DIFFERENCES: dict[str, tuple[set[str], str]] = {
         "deliberate: a value past the rows the types were inferred from keeps its "
         "data: `bad` stays text, `1.5` makes the column float (the real package "
         "nulls `bad` and truncates 1.5 to 1)"),
-    "csv_default_wide_long_row": ({"error:datamount"},
-        "not yet: a row longer than the header adds Column3... (datamount: an error)"),
     "step_filter_endswith": ({"error:both"}, "both reject: endswith in a filter"),
     "step_filter_contains": ({"error:both"}, "both reject: contains in a filter"),
     "json_invalid_error": ({"error:both"}, "both reject: an invalid line by default"),
+    "parts_one": ({"error:mltable"},
+        "deliberate: select_partitions takes one index as well as a list (as the SDK's "
+        "select_partitions(1) does; the real package's schema wants a list)"),
+    "parts_past_end": ({"error:both"}, "both reject: a partition past the table's last"),
+    "sample_random_percent": ({"rows"},
+        "deliberate: `sample` draws other rows than Azure ML's runtime (a seeded numpy "
+        "generator, as take_random_sample)"),
+    "sample_no_lower_bound": ({"error:both"},
+        "both reject: sample without probability_lower_bound"),
+    "delta_partitioned": ({"columns"},
+        "deliberate: a partitioned Delta table keeps its partition columns (the real "
+        "package drops them)"),
+    "delta_version_missing": ({"error:both"}, "both reject: a version the table has not reached"),
+    "delta_not_a_table": ({"error:both"}, "both reject: a folder without _delta_log"),
 }  # fmt: skip
 
 
@@ -333,6 +350,8 @@ def all_cases() -> list[Case]:
         *_json_cases(),
         *_parquet_cases(),
         *_partition_cases(),
+        *delta_cases(),
+        *section_cases(),
     ]
     names = {c.name for c in cases}
     unknown = set(DIFFERENCES) - names

@@ -47,6 +47,9 @@ CSV_DATA: dict[str, bytes] = {
     "short_quoted_row": b'a,b,c\n"x,y"\n1,2,3\n',
     "float_text": b"v\n1.0\n2.50\n1e-3\n",
     "all_empty_col": b"a,b\n1,\n2,\n",
+    "long_rows": b"a,b\n1,2\n4,5,6,7\n8,9\n",
+    "open_quote": b'a,b,c\n1,"two, x\nlines",3\n2,z,4\n',
+    "plus_mixed": b"i,j,k\n+1,2.0,+3\n3,+4,x\n-5,6,7\n",
 }
 
 CSV_OPTION_SETS: dict[str, str] = {
@@ -58,7 +61,7 @@ CSV_OPTION_SETS: dict[str, str] = {
 }
 CSV_MATRIX = {
     "default": list(CSV_DATA),
-    "noinfer": ["wide_short_row", "short_quoted_row", "basic", "people", "text_like", "empties", "na_words", "dates", "zulu",
+    "noinfer": ["wide_long_row", "long_rows", "negatives", "plus_mixed", "wide_short_row", "short_quoted_row", "basic", "people", "text_like", "empties", "na_words", "dates", "zulu",
                 "negatives", "spaces", "dup_headers", "quoted", "late_odd", "float_text"],
     "empty_str": ["basic", "empties", "na_words", "all_empty_col", "people", "empty_numeric"],
     "noheader": ["basic", "text_like", "dup_headers", "one_column"],

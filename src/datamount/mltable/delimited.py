@@ -11,7 +11,6 @@ consumer's thread.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from datamount.errors import StorageError
-from datamount.mltable import convert
+from datamount.mltable import convert, rows
 from datamount.mltable.layout import EvalFile
 from datamount.mltable.model import CODECS, ReadDelimited
 from datamount.mltable.readers import Chunk, StoreFile, StoreOf, fail, open_file, with_path
@@ -36,13 +35,20 @@ def read_delimited(
     # their first line is a header, dropped, and the first file's names hold
     # (both as Azure ML reads them: by position).
     shared = opts.header in ("from_first_file", "all_files_same_headers")
+    base, size = 0, opts.partition_size or PARTITION_SIZE  # select_partitions' partitions
     for index, file in enumerate(files):
         names = first_names if shared and index > 0 else None
-        for batch in _csv_batches(opts, file, store_of(file), block_size, names):
+        for batch, part in _csv_batches(opts, file, store_of(file), block_size, names):
             if shared and first_names is None:
                 first_names = list(batch.schema.names)
             batch = _overridden(batch, opts)
-            yield Chunk(with_path(batch, path_col, file), file)
+            yield Chunk(
+                with_path(batch, path_col, file), file, None if part is None else base + part
+            )
+        base += max(1, -(-file.size // size))
+
+
+PARTITION_SIZE = 20 << 20  # Azure ML's partition of delimited text: 20 MiB of a file
 
 
 def _csv_batches(
@@ -51,13 +57,16 @@ def _csv_batches(
     store: ObjectStore,
     block_size: int,
     names: list[str] | None,
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[tuple[pa.RecordBatch, int | None]]:
+    """Batches and the partition of the file each one's rows are in (None:
+    not known, with Arrow's streaming reader)."""
     if file.size == 0:
         return
     codec = CODECS[opts.encoding]
     try:
         if opts.support_multi_line or codec in ("utf-16", "utf-32"):
-            yield from _csv_streaming(opts, file, store, block_size, names)
+            for batch in _csv_streaming(opts, file, store, block_size, names):
+                yield batch, None
         else:
             yield from _csv_by_lines(opts, file, store, block_size, names)
     except (pa.ArrowInvalid, StorageError, UnicodeError) as exc:
@@ -77,21 +86,29 @@ def _convert_options(opts: ReadDelimited, types: dict[str, pa.DataType] | None) 
     )
 
 
-def _line_blocks(raw: StoreFile, block_size: int) -> Iterator[bytes]:
+def _line_blocks(raw: StoreFile, block_size: int, part_size: int) -> Iterator[tuple[bytes, int]]:
     """The file in ~block_size pieces cut after a newline: one ranged read
-    per block, and a block is read only when the previous one was consumed."""
-    carry = b""
+    per block, and a block is read only when the previous one was consumed.
+    Each with its partition (`part_size` bytes each, a row in the one its
+    first byte is in): a block whose rows are in two is cut in two."""
+    carry, start = b"", 0  # start: the file offset of carry's first byte
     while True:
         data = raw.read(block_size)
         if not data:
             if carry:  # a last line with no newline: Arrow reads a lone header line
-                yield carry + b"\n"  # without one as an empty file (no columns)
+                yield carry + b"\n", start // part_size  # without one as an empty file
             return
         buf = carry + data
         cut = buf.rfind(b"\n") + 1
-        if cut:
-            yield buf[:cut]
-        carry = buf[cut:]
+        i = 0
+        while i < cut:
+            part = (start + i) // part_size
+            end = (part + 1) * part_size - start  # where the partition ends, in buf
+            nl = buf.find(b"\n", end - 1, cut) if end < cut else -1
+            piece_end = cut if nl < 0 else nl + 1
+            yield buf[i:piece_end], part
+            i = piece_end
+        carry, start = buf[cut:], start + cut
 
 
 def _csv_by_lines(
@@ -100,7 +117,7 @@ def _csv_by_lines(
     store: ObjectStore,
     block_size: int,
     names: list[str] | None,
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Parse each block of whole lines on its own (types inferred per block,
     unified when the table is assembled). Arrow's own streaming reader reads
     ahead on a background thread (2-4 MiB measured past a satisfied take);
@@ -113,9 +130,9 @@ def _csv_by_lines(
     raw = StoreFile(store, file.key, file.size, file.etag or None)
     columns = names
     schema: pa.Schema | None = None  # of the last block, for a file with no rows
-    rows = False
+    any_rows = False
     skip = 1 if names is not None and opts.header == "all_files_same_headers" else 0
-    for block in _line_blocks(raw, block_size):
+    for block, part in _line_blocks(raw, block_size, opts.partition_size or PARTITION_SIZE):
         if columns is None and not opts.infer_column_types:
             # Inference off: every value is the file's text. Learn the column
             # names from the first line alone, then read the whole block as
@@ -137,21 +154,20 @@ def _csv_by_lines(
             else _text_columns(opts)
         )
         convert_opts = _convert_options(opts, types)
+        shape, first_read = _Shape(opts, parse, encoding, no_header), read
         try:
-            table = pacsv.read_csv(
-                pa.py_buffer(block), read_options=read, parse_options=parse,
-                convert_options=convert_opts,
-            )  # fmt: skip
-        except pa.ArrowInvalid as exc:
-            if "columns, got" not in str(exc):
+            table, block, read, wide = shape.parse(block, read, convert_opts, columns)
+            joined = b'"' in block and rows.joined(table, block, read)
+        except pa.ArrowInvalid:
+            if b'"' not in block:
                 raise
-            # A short row: padded with nulls, as Azure ML reads it.
-            width = len(columns or _first_line_names(block, encoding, parse, no_header))
-            padded = _pad_rows(block, codec, opts.delimiter, width)
-            table = pacsv.read_csv(
-                pa.py_buffer(padded), read_options=read, parse_options=parse,
-                convert_options=convert_opts,
-            )  # fmt: skip
+            joined = True  # e.g. a quote left open on the block's last line
+        if joined:  # without support_multi_line a newline always ends a row
+            block = rows.literal_open_quotes(block, opts.delimiter.encode(encoding))
+            table, block, read, wide = shape.parse(block, first_read, convert_opts, columns)
+        columns = columns or wide
+        if opts.infer_column_types and b"+" in block:  # `+2`: Arrow infers float
+            table = rows.plus_ints(table, _as_text(block, read, parse, opts))
         if columns is None:
             columns = (
                 [f"Column{i + 1}" for i in range(table.num_columns)]
@@ -160,24 +176,69 @@ def _csv_by_lines(
             )
             table = table.rename_columns(columns)
         table = _typed(table)
-        schema, rows = table.schema, rows or table.num_rows > 0
-        yield from table.to_batches()
-    if not rows and schema is not None:  # a header and no row: its columns still count
-        yield _empty(schema)
+        schema, any_rows = table.schema, any_rows or table.num_rows > 0
+        for batch in table.to_batches():
+            yield batch, part
+    if not any_rows and schema is not None:  # a header and no row: its columns still count
+        yield _empty(schema), 0
 
 
-def _pad_rows(block: bytes, codec: str, delimiter: str, width: int) -> bytes:
-    """`block` (whole lines, one record each) with every row of fewer than
-    `width` fields given empty fields at its end."""
-    codec = "utf-8" if codec == "utf-8-sig" else codec  # a BOM stays where it is
-    out = []
-    for line in block.decode(codec).split("\n"):
-        body = line.removesuffix("\r")
-        fields = next(csv.reader([body], delimiter=delimiter), [])
-        if body and len(fields) < width:
-            line = body + delimiter * (width - len(fields)) + line[len(body) :]
-        out.append(line)
-    return "\n".join(out).encode(codec)
+class _Shape:
+    """Parses one block of whole lines, padding short rows and widening long
+    ones as Azure ML reads them (rows.py)."""
+
+    def __init__(self, opts: ReadDelimited, parse: Any, encoding: str, no_header: bool) -> None:
+        self.opts, self.parse_opts, self.encoding, self.no_header = opts, parse, encoding, no_header
+
+    def parse(
+        self, block: bytes, read: Any, convert_opts: Any, columns: list[str] | None
+    ) -> tuple[Any, bytes, Any, list[str] | None]:
+        """(table, the block parsed, its read options, the header's names when a
+        long row widened a block whose header it read)."""
+        opts, parse = self.opts, self.parse_opts
+        try:
+            table = pacsv.read_csv(
+                pa.py_buffer(block), read_options=read, parse_options=parse,
+                convert_options=convert_opts,
+            )  # fmt: skip
+            return table, block, read, None
+        except pa.ArrowInvalid as exc:
+            if "columns, got" not in str(exc):
+                raise
+        # A short row: padded with nulls; a long row: its extra fields as
+        # Column<n> columns (nulls in the other rows), as Azure ML reads them.
+        base = columns or _first_line_names(block, self.encoding, parse, self.no_header)
+        block, width = rows.pad_rows(block, CODECS[opts.encoding], opts.delimiter, len(base))
+        wide = None
+        if width > len(base):
+            header_here = columns is None and not self.no_header
+            names_now = rows.wide_names(base, width)
+            read = pacsv.ReadOptions(
+                use_threads=False, encoding=self.encoding, block_size=len(block) + 1,
+                column_names=names_now, skip_rows=read.skip_rows + header_here,
+            )  # fmt: skip
+            if not opts.infer_column_types:
+                convert_opts = _convert_options(opts, dict.fromkeys(names_now, pa.string()))
+            wide = base
+        table = pacsv.read_csv(
+            pa.py_buffer(block), read_options=read, parse_options=parse,
+            convert_options=convert_opts,
+        )  # fmt: skip
+        return table, block, read, wide
+
+
+def _as_text(block: bytes, read: Any, parse: Any, opts: ReadDelimited) -> Any:
+    """Reads `block`'s columns `names` as text (rows.plus_ints)."""
+
+    def as_text(names: list[str]) -> Any:
+        convert_opts = _convert_options(opts, dict.fromkeys(names, pa.string()))
+        convert_opts.include_columns = names
+        return pacsv.read_csv(
+            pa.py_buffer(block), read_options=read, parse_options=parse,
+            convert_options=convert_opts,
+        )  # fmt: skip
+
+    return as_text
 
 
 def _first_line_names(block: bytes, encoding: str, parse: Any, no_header: bool) -> list[str]:
@@ -234,13 +295,13 @@ def _csv_streaming(
         if no_header
         else dedupe(csv.schema.names)
     )
-    rows = False
+    any_rows = False
     with csv:
         for batch in csv:
             batch = _typed(pa.RecordBatch.from_arrays(batch.columns, names=rename))
-            rows = rows or batch.num_rows > 0
+            any_rows = any_rows or batch.num_rows > 0
             yield batch
-        if not rows:  # a header and no row: its columns still count, typed as no value
+        if not any_rows:  # a header and no row: its columns still count, typed as no value
             schema = inferred if opts.infer_column_types else csv.schema
             schema = pa.schema([f.with_name(n) for f, n in zip(schema, rename, strict=True)])
             yield _empty(schema)

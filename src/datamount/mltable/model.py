@@ -26,8 +26,10 @@ from datamount.mltable.options import (
     DatetimeType,
     Encoding,
     ReadDelimited,
+    ReadDeltaLake,
     ReadJsonLines,
     ReadParquet,
+    Sample,
     TakeRandomSample,
 )
 from datamount.mltable.options import (
@@ -42,8 +44,8 @@ from datamount.mltable.options import (
 
 __all__ = [  # the option models live in options.py; re-exported for callers
     "CODECS", "BooleanType", "Conversion", "DatetimeType", "Encoding", "MLTable",
-    "MLTableError", "PathEntry", "ReadDelimited", "ReadJsonLines", "ReadParquet", "Step",
-    "TakeRandomSample", "parse_mltable",
+    "MLTableError", "PathEntry", "ReadDelimited", "ReadDeltaLake", "ReadJsonLines",
+    "ReadParquet", "Step", "TakeRandomSample", "parse_mltable",
 ]  # fmt: skip
 
 
@@ -51,7 +53,7 @@ class MLTableError(InvalidInput):
     """The MLTable file is malformed (exit code 2, one line per problem)."""
 
 
-READS = ("read_delimited", "read_parquet", "read_json_lines")
+READS = ("read_delimited", "read_parquet", "read_json_lines", "read_delta_lake")
 FILE_STEPS = ("take", "skip", "take_random_sample")  # before a read step: on the file list
 PATH_KINDS = ("file", "folder", "pattern")
 # May come before the read step too (the SDK writes it there): its columns come first.
@@ -72,11 +74,13 @@ class Step:
     """One transformation. `args` is the typed value for `name`:
 
     read_delimited → ReadDelimited, read_parquet → ReadParquet, read_json_lines
-    → ReadJsonLines, take / skip → int, take_random_sample → TakeRandomSample,
+    → ReadJsonLines, read_delta_lake → ReadDeltaLake, take / skip → int,
+    take_random_sample → TakeRandomSample,
     keep_columns / drop_columns → list[str] or re.Pattern ({pattern: <regex>}),
     convert_column_types →
     list[Conversion], filter → expr.Expr, extract_columns_from_partition_format
-    → patterns.PartitionFormat.
+    → patterns.PartitionFormat, select_partitions → list[int] (sorted),
+    sample → Sample.
     """
 
     name: str
@@ -248,6 +252,16 @@ def _selector(value: Any) -> list[str] | re.Pattern[str]:
     return _columns(value)
 
 
+def _partition_list(value: Any) -> list[int]:
+    """`select_partitions`: partition indexes (one, or a non-empty list)."""
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items
+    ):
+        raise ValueError(f"expected a partition index or a list of them (>= 0), got {value!r}")
+    return sorted(set(items))
+
+
 def _filter(value: Any) -> expr.Expr:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected an expression string, got {value!r}")
@@ -258,6 +272,7 @@ _PARSERS: dict[str, Any] = {
     "read_delimited": lambda v: ReadDelimited.model_validate(_options(v)),
     "read_parquet": lambda v: ReadParquet.model_validate(_options(v)),
     "read_json_lines": lambda v: ReadJsonLines.model_validate(_options(v)),
+    "read_delta_lake": lambda v: ReadDeltaLake.model_validate(_options(v)),
     "take": _count,
     "skip": _count,
     "take_random_sample": lambda v: TakeRandomSample.model_validate(_options(v)),
@@ -265,5 +280,7 @@ _PARSERS: dict[str, Any] = {
     "drop_columns": _selector,
     "convert_column_types": _conversions,
     "filter": _filter,
+    "select_partitions": _partition_list,
+    "sample": lambda v: Sample.model_validate(_options(v)),
     "extract_columns_from_partition_format": _partition,
 }

@@ -5,9 +5,10 @@ steps, `take_random_sample`, `convert_column_types` items and the
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Encoding = Literal[
     "utf8", "utf-8", "iso88591", "iso-8859-1", "latin1", "latin-1", "ascii", "utf16", "utf-16",
@@ -78,6 +79,34 @@ class ReadParquet(_Strict):
     path_column: str = "Path"
 
 
+RFC3339 = re.compile(
+    r"^\d{4}-(0[1-9]|1[0-2])-[0-3]\d[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?$"
+)
+
+
+class ReadDeltaLake(_Strict):
+    """`read_delta_lake` (the SDK's `from_delta_lake`): the table at its paths
+    entry's folder, as of a version or an RFC 3339 timestamp (at most one)."""
+
+    version_as_of: int | None = Field(default=None, ge=0)
+    timestamp_as_of: str | None = None
+    include_path_column: bool = False
+    path_column: str = "Path"
+
+    @field_validator("timestamp_as_of")
+    @classmethod
+    def _rfc3339(cls, v: str | None) -> str | None:
+        if v is not None and not RFC3339.match(v):
+            raise ValueError(f"timestamp_as_of {v!r}: expected RFC 3339, e.g. 2024-01-01T00:00:00Z")
+        return v
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ReadDeltaLake:
+        if self.version_as_of is not None and self.timestamp_as_of is not None:
+            raise ValueError("give version_as_of or timestamp_as_of, not both")
+        return self
+
+
 class ReadJsonLines(_Strict):
     encoding: Encoding = "utf8"
     invalid_lines: Literal["error", "drop"] = "error"
@@ -89,6 +118,20 @@ class ReadJsonLines(_Strict):
 class TakeRandomSample(_Strict):
     probability: float = Field(ge=0.0, le=1.0)
     seed: int | None = None
+
+
+class SamplerArguments(_Strict):
+    probability: float = Field(ge=0.0, le=1.0)
+    probability_lower_bound: float = Field(ge=0.0, le=1.0)  # required, as by Azure ML's runtime
+    seed: int | None = None
+
+
+class Sample(_Strict):
+    """The `sample` transformation (Azure ML's schema): row i is kept when the
+    i-th draw lies in [probability_lower_bound, probability)."""
+
+    sampler: Literal["random_percent", "randomPercent"]
+    sampler_arguments: SamplerArguments
 
 
 class DatetimeType(_Strict):

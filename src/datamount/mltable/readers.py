@@ -4,8 +4,10 @@ Every file is read through its ObjectStore (`StoreFile`: a seekable raw file
 over bounded ranged reads pinned to the etag seen when listing), so remote
 and local files take the same path and nothing is downloaded whole: JSON
 lines are parsed block by block (`block_size`, 1 MiB by default), parquet row
-group by row group, and delimited text in delimited.py. Consumers pull batches; when they stop (a
-`take` is satisfied) no further block is fetched.
+group by row group (a remote row group fetched first in parallel ranges by a
+short-lived pool of 4 threads: PrefetchFile), and delimited text in
+delimited.py. Consumers pull batches; when they stop (a `take` is satisfied)
+no further block is fetched.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +35,16 @@ StoreOf = Callable[[EvalFile], ObjectStore]
 
 @dataclass(frozen=True)
 class Chunk:
-    """Rows of one file: the batch and the file it came from (for path columns)."""
+    """Rows of one file: the batch, the file it came from (for path columns)
+    and the table partition its rows are in (`select_partitions`; None where
+    the reader does not tell)."""
 
     batch: pa.RecordBatch
     file: EvalFile
+    part: int | None = None
+
+    def with_batch(self, batch: pa.RecordBatch) -> Chunk:
+        return Chunk(batch, self.file, self.part)
 
 
 class StoreFile(io.RawIOBase):
@@ -74,6 +83,69 @@ class StoreFile(io.RawIOBase):
         return got
 
 
+class PrefetchFile(StoreFile):
+    """A StoreFile that serves reads inside the byte range last prefetched
+    from memory. `prefetch(start, end)` fetches the range in parallel pieces
+    (PIECE bytes, THREADS at a time): a parquet row group is read as one
+    burst instead of one round trip per column chunk."""
+
+    PIECE = 4 << 20
+    THREADS = 4
+
+    def __init__(self, store: ObjectStore, key: str, size: int, etag: str | None) -> None:
+        super().__init__(store, key, size, etag)
+        self.start, self.data = 0, memoryview(b"")
+
+    def prefetch(self, start: int, end: int) -> None:
+        start, end = max(0, start), min(self.size, end)
+        buf = bytearray(max(0, end - start))
+        view = memoryview(buf)
+
+        def get(offset: int) -> None:
+            stop = min(offset + self.PIECE, end)
+            while offset < stop:
+                got = self.store.read_into(
+                    self.key, offset, view[offset - start : stop - start], etag=self.etag
+                )
+                if got <= 0:
+                    raise StorageError(f"{self.key}: the object ended at {offset} of {self.size}")
+                offset += got
+
+        self.data = memoryview(b"")  # the last range is dropped first (memory: one range)
+        pieces = range(start, end, self.PIECE)
+        if len(pieces) > 1:
+            with ThreadPoolExecutor(self.THREADS, thread_name_prefix="datamount-parquet") as pool:
+                list(pool.map(get, pieces))
+        else:
+            for offset in pieces:
+                get(offset)
+        self.start, self.data = start, view
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        inside = self.pos - self.start
+        if 0 <= inside < len(self.data):
+            n = min(len(view), len(self.data) - inside)
+            view[:n] = self.data[inside : inside + n]
+            self.pos += n
+            return n
+        return super().readinto(view)
+
+
+def row_group_range(meta: Any, group: int) -> tuple[int, int]:
+    """The byte range of a parquet row group's column chunks."""
+    rg = meta.row_group(group)
+    starts, ends = [], []
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        start = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset is not None:
+            start = min(start, col.dictionary_page_offset)
+        starts.append(start)
+        ends.append(start + col.total_compressed_size)
+    return (min(starts), max(ends)) if starts else (0, 0)
+
+
 def open_file(file: EvalFile, store: ObjectStore, block_size: int) -> io.BufferedReader:
     raw = StoreFile(store, file.key, file.size, file.etag or None)
     return io.BufferedReader(raw, buffer_size=block_size)
@@ -105,11 +177,22 @@ def read_parquet(
     opts: ReadParquet, files: list[EvalFile], store_of: StoreOf, block_size: int
 ) -> Iterator[Chunk]:
     path_col = opts.path_column if opts.include_path_column else None
+    base = 0  # a partition is a row group, as Azure ML counts them
     for file in files:
+        store = store_of(file)
+        remote = store.local_path(file.key) is None
+        raw = PrefetchFile(store, file.key, file.size, file.etag or None)
         try:
-            with pq.ParquetFile(open_file(file, store_of(file), block_size)) as pf:
-                for batch in pf.iter_batches(batch_size=65_536, use_threads=False):
-                    yield Chunk(with_path(batch, path_col, file), file)
+            with pq.ParquetFile(io.BufferedReader(raw, buffer_size=block_size)) as pf:
+                for group in range(pf.num_row_groups):
+                    if remote:  # the row group in one parallel burst
+                        raw.prefetch(*row_group_range(pf.metadata, group))
+                    batches = pf.iter_batches(
+                        batch_size=65_536, row_groups=[group], use_threads=False
+                    )
+                    for batch in batches:
+                        yield Chunk(with_path(batch, path_col, file), file, base + group)
+                base += pf.num_row_groups
         except (pa.ArrowInvalid, StorageError, OSError) as exc:
             raise fail(file, exc) from None
 

@@ -6,7 +6,9 @@ read step streams batches out of the files (readers.py), and every later
 step transforms the stream batch by batch. `take` stops pulling once it has
 its rows, so the readers never fetch the blocks after them. Row-level
 `take_random_sample` keeps row i (counted over the whole stream) when the i-th
-draw of numpy's default_rng(seed) is below the probability.
+draw of numpy's default_rng(seed) is below the probability (`sample`: at or
+above its lower bound too). `select_partitions` keeps the rows of the
+partitions the readers number (Chunk.part).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datamount.errors import DataError
-from datamount.mltable import convert, delimited, expr, readers
+from datamount.mltable import convert, delimited, delta, expr, readers
 from datamount.mltable.evaluate import (
     StoreFactory,
     Stores,
@@ -157,6 +159,7 @@ _READERS: dict[str, Callable[..., Iterator[Chunk]]] = {
     "read_delimited": delimited.read_delimited,
     "read_parquet": readers.read_parquet,
     "read_json_lines": readers.read_json_lines,
+    "read_delta_lake": delta.read_delta_lake,
 }
 
 
@@ -232,6 +235,11 @@ def _apply(step: Step, chunks: Iterator[Chunk], source: str, leads: bool) -> Ite
         return _skip(chunks, step.args)
     if step.name == "take_random_sample":
         return _sample(chunks, step.args.probability, step.args.seed)
+    if step.name == "sample":
+        args = step.args.sampler_arguments
+        return _sample(chunks, args.probability, args.seed, args.probability_lower_bound)
+    if step.name == "select_partitions":
+        return _partitions(chunks, step.args, where)
     return _map(step, chunks, where, leads)
 
 
@@ -244,12 +252,12 @@ def _take(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
             # first rows of a later file, if any, give the types
             first = next((c for c in chunks if c.batch.num_rows), first)
         if first is not None:
-            yield Chunk(first.batch.slice(0, 0), first.file)
+            yield first.with_batch(first.batch.slice(0, 0))
         return
     for chunk in chunks:
         n = chunk.batch.num_rows
         if n >= left:
-            yield Chunk(chunk.batch.slice(0, left), chunk.file)
+            yield chunk.with_batch(chunk.batch.slice(0, left))
             return
         left -= n
         yield chunk
@@ -265,17 +273,36 @@ def _skip(chunks: Iterator[Chunk], count: int) -> Iterator[Chunk]:
             if n or last is None or not last.batch.num_rows:  # rows type the columns
                 last = chunk
             continue
-        yield Chunk(chunk.batch.slice(left), chunk.file) if left else chunk
+        yield chunk.with_batch(chunk.batch.slice(left)) if left else chunk
         left, emitted = 0, True
     if not emitted and last is not None:  # every row skipped: no rows, but the columns
-        yield Chunk(last.batch.slice(0, 0), last.file)
+        yield last.with_batch(last.batch.slice(0, 0))
 
 
-def _sample(chunks: Iterator[Chunk], probability: float, seed: int | None) -> Iterator[Chunk]:
+def _sample(
+    chunks: Iterator[Chunk], probability: float, seed: int | None, lower: float = 0.0
+) -> Iterator[Chunk]:
     rng = np.random.default_rng(seed)
     for chunk in chunks:
-        keep = rng.random(chunk.batch.num_rows) < probability
-        yield Chunk(chunk.batch.filter(pa.array(keep)), chunk.file)
+        draws = rng.random(chunk.batch.num_rows)
+        keep = (draws >= lower) & (draws < probability)
+        yield chunk.with_batch(chunk.batch.filter(pa.array(keep)))
+
+
+def _partitions(chunks: Iterator[Chunk], wanted: list[int], where: str) -> Iterator[Chunk]:
+    """The rows of the partitions `wanted`, in table order (Azure ML's order:
+    a partition is a row group of parquet, a `partition_size` byte range of
+    delimited text, each row in the range its first byte is in)."""
+    keep, last = set(wanted), -1
+    for chunk in chunks:
+        if chunk.part is None:
+            raise DataError(f"{where}: not supported yet for this read (only read_delimited "
+                            "without support_multi_line, and read_parquet)")  # fmt: skip
+        last = max(last, chunk.part)
+        if chunk.part in keep:
+            yield chunk
+    if max(keep) > last:
+        raise DataError(f"{where}: partition {max(keep)}: the table has {last + 1} partitions")
 
 
 def _map(step: Step, chunks: Iterator[Chunk], where: str, leads: bool) -> Iterator[Chunk]:
@@ -286,7 +313,7 @@ def _map(step: Step, chunks: Iterator[Chunk], where: str, leads: bool) -> Iterat
             raise DataError(f"{where}: {exc}") from None
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise DataError(f"{where}: {chunk.file.uri}: {exc}") from None
-        yield Chunk(batch, chunk.file)
+        yield chunk.with_batch(batch)
 
 
 def _transform(step: Step, chunk: Chunk, where: str, leading: bool) -> pa.RecordBatch:
