@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument(
+        "--ready",
+        metavar="MOUNTPOINT",
+        help="exit 0 when the datamount mount at MOUNTPOINT answers, 1 otherwise "
+        "(a container's startup or readiness probe)",
+    )
+    p.add_argument(
         "--watch",
         metavar="SECONDS",
         nargs="?",
@@ -442,6 +448,12 @@ def _interval(text: str) -> float:
 def _status(ctx: Context, args: argparse.Namespace) -> None:
     from datamount.mount import status
 
+    if args.ready is not None:
+        why = status.ready(Path(args.ready))
+        if why is not None:
+            raise DatamountError(f"{args.ready}: not ready: {why}")  # exit 1
+        print(f"{args.ready}: ready")
+        return
     if args.watch is not None:
         with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
             _watch(ctx, args, args.watch)
