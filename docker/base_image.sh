@@ -42,4 +42,4 @@ if [ ! -s "$tarball" ]; then
 	rm -rf "$rootfs"
 fi
 echo "podman import $tarball as $image"
-$podman import -q --change 'CMD ["/bin/bash"]' "$tarball" "$image" >/dev/null
+$podman import -q --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change 'CMD ["/bin/bash"]' "$tarball" "$image" >/dev/null

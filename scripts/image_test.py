@@ -20,8 +20,10 @@ never argv. Single-threaded.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import hashlib
+import json
 import os
 import resource
 import shlex
@@ -45,7 +47,8 @@ ULIMITS = shlex.split(os.environ.get("PODMAN_ULIMITS", f"--ulimit nofile={_NOFIL
 NAME = "datamount-image-test"
 POD = "train"
 KEY_ENV = "AZURE_STORAGE_KEY"
-STEP_TIMEOUT = 90.0
+SECRET = "datamount-workspace"
+STEP_TIMEOUT = 60.0
 
 
 def say(line: str) -> None:
@@ -186,6 +189,9 @@ def kube_manifest(image: str, tmp: Path, data: Path, cache: Path) -> tuple[list[
         "podman 4.3 runs init containers to completion before the others",
         "the trainer waits for its data itself (no startupProbe gating in podman)",
         "volumes data and cache: hostPath on a shared host folder instead of emptyDir",
+        "stopped with `podman pod stop -t GRACE` before `kube down`: podman 4.3's kube down "
+        "SIGKILLs every container (podman#22397, fixed in 5.1); podman runs no preStop hook "
+        "and no probes",
     ]
     spec["hostNetwork"] = True
     sidecars = [c for c in spec.pop("initContainers") if c.get("restartPolicy") == "Always"]
@@ -194,7 +200,7 @@ def kube_manifest(image: str, tmp: Path, data: Path, cache: Path) -> tuple[list[
         c["image"] = image
     trainer = spec["containers"][0]
     trainer["image"] = image
-    trainer["command"] = ["python3", "-c", TRAINER]
+    trainer["command"] = ["python3", "-c", f"exec({TRAINER!r})"]  # one line: podman's YAML
     spec["containers"] = [*sidecars, *spec["containers"]]
     for v in spec["volumes"]:
         if v["name"] == "data":
@@ -206,9 +212,15 @@ def kube_manifest(image: str, tmp: Path, data: Path, cache: Path) -> tuple[list[
     return docs, changes
 
 
+def spec_grace(docs: list[dict]) -> int:
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    return int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+
 # The test's trainer: waits for the mount, prints one digest line per file.
 TRAINER = """
-import hashlib, os, time
+import hashlib, os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 root = '/mnt/data/input'
 for _ in range(600):
     if os.path.isdir(root) and os.listdir(root):
@@ -229,19 +241,43 @@ def kube_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) 
     cache = tmp / "kube-cache"
     with shared_dir(tmp / "kube-data") as data:
         docs, changes = kube_manifest(image, tmp, data, cache)
-        for change in changes:
-            say(f"kube: adapted: {change}")
-        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "datamount-workspace"},
-                  "type": "Opaque", "stringData": {"workspace.yaml": (config / "workspace.yaml").read_text(),
-                                                    "account-key": azurite.key}}  # fmt: skip
+        values = {"workspace.yaml": (config / "workspace.yaml").read_text(),
+                  "account-key": azurite.key}  # fmt: skip
+        secret = {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}
+        # A secret volume, by contrast, is read as a Secret object whose `data`
+        # values are taken verbatim (not base64-decoded), and its stringData is ignored.
+        file_secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                       "metadata": {"name": f"{SECRET}-file"}, "data": values}  # fmt: skip
+        changes.append(
+            f"the Secret stored twice with `podman secret create`: podman 4.3 reads a "
+            f"secretKeyRef as a JSON map of base64 values ({SECRET}) but a secret volume as a "
+            f"Secret object with its data verbatim ({SECRET}-file, which the volume names); "
+            f"`kube play` of a Secret stores it in neither form"
+        )
+        for v in next(d for d in docs if d["kind"] == "Pod")["spec"]["volumes"]:
+            if "secret" in v:
+                v["secret"]["secretName"] = f"{SECRET}-file"
         secret_file = tmp / "secret.yaml"
-        secret_file.write_text(yaml.safe_dump(secret))
+        secret_file.write_text(json.dumps(secret, indent=1))
         secret_file.chmod(0o600)
+        file_secret_file = tmp / "secret-file.yaml"
+        file_secret_file.write_text(json.dumps(file_secret, indent=1))
+        file_secret_file.chmod(0o600)
         manifest = tmp / "pod.yaml"
         manifest.write_text(yaml.safe_dump_all(docs))
         podman("kube", "down", str(manifest), check=False)
-        podman("secret", "rm", "datamount-workspace", check=False)
-        podman("kube", "play", str(secret_file))
+        podman("volume", "rm", "-f", "datamount-spec", f"{SECRET}-file", check=False)
+        for change in changes:
+            say(f"kube: adapted: {change}")
+        # kube play takes no --ulimit: the same limits as podman's defaults.
+        conf = tmp / "containers.conf"
+        limits = [u for u in ULIMITS if u != "--ulimit"]
+        conf.write_text("[containers]\ndefault_ulimits = [%s]\n" % ", ".join(f'"{u}"' for u in limits))
+        os.environ["CONTAINERS_CONF"] = str(conf)
+        for name in (SECRET, f"{SECRET}-file"):
+            podman("secret", "rm", name, check=False)
+        podman("secret", "create", SECRET, str(secret_file))
+        podman("secret", "create", f"{SECRET}-file", str(file_secret_file))
         try:
             start = time.monotonic()
             podman("kube", "play", str(manifest), timeout=STEP_TIMEOUT)
@@ -259,6 +295,15 @@ def kube_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) 
             say(f"kube: the trainer read {len(got)} files through HostToContainer: sha256 match")
             ready = podman("exec", sidecar, "datamount", "status", "--ready", "/mnt/data/input")
             say(f"kube: in the sidecar: {ready.stdout.strip()}")
+            # podman 4.3's kube down SIGKILLs every container (podman#22397,
+            # fixed in 5.1): a pod stop first, SIGTERM then the grace period.
+            start = time.monotonic()
+            podman("pod", "stop", "-t", str(spec_grace(docs)), POD, timeout=STEP_TIMEOUT)
+            code = podman("inspect", "-f", "{{.State.ExitCode}}", sidecar).stdout.strip()
+            say(f"kube: pod stop (SIGTERM): the sidecar drained and exited {code} "
+                f"in {time.monotonic() - start:.1f} s")  # fmt: skip
+            if code != "0":
+                raise SystemExit(f"image-test: FAILED: the sidecar exited {code}")
             start = time.monotonic()
             podman("kube", "down", str(manifest), timeout=STEP_TIMEOUT)
             say(f"kube down: {time.monotonic() - start:.1f} s")
@@ -270,9 +315,22 @@ def kube_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) 
                 for line in log.read_text().splitlines():
                     if "unmount" in line:
                         say(f"  sidecar log: {line.strip()[:160]}")
+        except SystemExit:
+            for name in (f"{POD}-datamount", f"{POD}-trainer"):
+                out = podman("logs", name, check=False)
+                say(f"logs of {name}:\n{(out.stdout + out.stderr)[-3000:]}")
+            for log in (cache / "logs").glob("*.log"):
+                lines = [ln for ln in log.read_text().splitlines() if "datamount.settings" not in ln]
+                say(f"{log.name}:\n" + "\n".join(lines[-25:]))
+            raise
         finally:
             podman("kube", "down", str(manifest), check=False)
-            podman("secret", "rm", "datamount-workspace", check=False)
+            for name in (SECRET, f"{SECRET}-file"):
+                podman("secret", "rm", name, check=False)
+            # kube down keeps the volumes made for the ConfigMap and the Secret,
+            # and a kept volume is not refilled by the next kube play.
+            podman("volume", "rm", "-f", "datamount-spec", f"{SECRET}-file", check=False)
+            os.environ.pop("CONTAINERS_CONF", None)
 
 
 def main() -> int:
