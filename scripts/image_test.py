@@ -65,8 +65,8 @@ def podman(*args: str, check: bool = True, env: dict[str, str] | None = None, ti
 
 def fuse_mounts(under: Path) -> list[str]:
     with open("/proc/mounts") as f:
-        return [ln.split()[1] for ln in f
-                if ln.split()[2].startswith("fuse") and ln.split()[1].startswith(str(under))]  # fmt: skip
+        fields = [line.split() for line in f]
+    return [m[1] for m in fields if m[2].startswith("fuse") and m[1].startswith(str(under))]
 
 
 def wait_for(what: str, predicate, timeout: float = STEP_TIMEOUT) -> float:  # noqa: ANN001
@@ -131,12 +131,12 @@ def container_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, byt
     with shared_dir(tmp / "data") as data:
         podman("rm", "-f", "-i", NAME, check=False)
         run = ["run", "-d", "--name", NAME, *ULIMITS, "--device", "/dev/fuse",
-               "--cap-add", "SYS_ADMIN", "--network", "host",
+               "--cap-add", "SYS_ADMIN", "--network", "host", "--memory", "768m",
                "-v", f"{config}:/etc/datamount:ro", "-v", f"{data}:/mnt/data:rshared",
                "-v", f"{logs}:/var/log/datamount", "-e", "DATAMOUNT_LOG_DIR=/var/log/datamount",
                "-e", "DATAMOUNT_WORKSPACE=/etc/datamount/workspace.yaml",
-               "-e", "DATASET_UNMOUNT_TIMEOUT_SECONDS=30", "-e", KEY_ENV,
-               image, "mount", "--foreground", "/etc/datamount/input.yaml", "/mnt/data/input"]  # fmt: skip
+               "-e", "DATASET_UNMOUNT_TIMEOUT_SECONDS=30", "-e", KEY_ENV, image,
+               "mount", "--foreground", "/etc/datamount/input.yaml", "/mnt/data/input"]  # fmt: skip
         say("podman " + " ".join(run))
         podman(*run, env=env)
         try:
@@ -172,8 +172,8 @@ def container_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, byt
             say("no mount left on the host")
             runtime = "".join(p.read_text() for p in logs.glob("*.log"))
             for line in runtime.splitlines():
-                if any(w in line for w in ("budget", "unmount", "files still open")):
-                    say(f"  log: {line.strip()[:160]}")
+                if any(w in line for w in ("budget ", "unmount", "files still open")):
+                    say(f"  log: {line.strip()[:200]}")
         finally:
             podman("rm", "-f", "-i", NAME, check=False)
 
@@ -190,8 +190,9 @@ def kube_manifest(image: str, tmp: Path, data: Path, cache: Path) -> tuple[list[
         "the trainer waits for its data itself (no startupProbe gating in podman)",
         "volumes data and cache: hostPath on a shared host folder instead of emptyDir",
         "stopped with `podman pod stop -t GRACE` before `kube down`: podman 4.3's kube down "
-        "SIGKILLs every container (podman#22397, fixed in 5.1); podman runs no preStop hook "
-        "and no probes",
+        "SIGKILLs every container (podman#22397, fixed in 5.1); podman runs no preStop hook",
+        "the startup/readiness probe's command run with `podman exec` (podman 4.3 turns only "
+        "a livenessProbe into a healthcheck)",
     ]
     spec["hostNetwork"] = True
     sidecars = [c for c in spec.pop("initContainers") if c.get("restartPolicy") == "Always"]
@@ -229,7 +230,8 @@ for _ in range(600):
 for d, _, files in sorted(os.walk(root)):
     for f in sorted(files):
         p = os.path.join(d, f)
-        print('digest', os.path.relpath(p, root), hashlib.sha256(open(p, 'rb').read()).hexdigest(), flush=True)
+        digest = hashlib.sha256(open(p, 'rb').read()).hexdigest()
+        print('digest', os.path.relpath(p, root), digest, flush=True)
 print('trainer done', flush=True)
 time.sleep(100000)
 """
@@ -272,7 +274,9 @@ def kube_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) 
         # kube play takes no --ulimit: the same limits as podman's defaults.
         conf = tmp / "containers.conf"
         limits = [u for u in ULIMITS if u != "--ulimit"]
-        conf.write_text("[containers]\ndefault_ulimits = [%s]\n" % ", ".join(f'"{u}"' for u in limits))
+        conf.write_text(
+            "[containers]\ndefault_ulimits = [" + ", ".join(f'"{u}"' for u in limits) + "]\n"
+        )
         os.environ["CONTAINERS_CONF"] = str(conf)
         for name in (SECRET, f"{SECRET}-file"):
             podman("secret", "rm", name, check=False)
@@ -288,11 +292,19 @@ def kube_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) 
                 return podman("logs", trainer, check=False).stdout
 
             wait_for("the trainer's digests", lambda: "trainer done" in logs())
-            want = {n.removeprefix("images/"): hashlib.sha256(b).hexdigest() for n, b in blobs.items()}
-            got = {p[1]: p[2] for p in (ln.split() for ln in logs().splitlines()) if p[:1] == ["digest"]}
+            want = {
+                n.removeprefix("images/"): hashlib.sha256(b).hexdigest() for n, b in blobs.items()
+            }
+            got = {
+                p[1]: p[2]
+                for p in (ln.split() for ln in logs().splitlines())
+                if p[:1] == ["digest"]
+            }
             if got != want:
                 raise SystemExit(f"image-test: FAILED: the trainer read {got}, expected {want}")
             say(f"kube: the trainer read {len(got)} files through HostToContainer: sha256 match")
+            health = podman("inspect", "-f", "{{json .Config.Healthcheck}}", sidecar).stdout
+            say(f"kube: podman's healthcheck of the sidecar (from the probes): {health.strip()}")
             ready = podman("exec", sidecar, "datamount", "status", "--ready", "/mnt/data/input")
             say(f"kube: in the sidecar: {ready.stdout.strip()}")
             # podman 4.3's kube down SIGKILLs every container (podman#22397,
@@ -313,14 +325,16 @@ def kube_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) 
             say("kube: no mount left on the host")
             for log in (cache / "logs").glob("*.log"):
                 for line in log.read_text().splitlines():
-                    if "unmount" in line:
-                        say(f"  sidecar log: {line.strip()[:160]}")
+                    if "unmount" in line or "budget" in line and "readstack" in line:
+                        say(f"  sidecar log: {line.strip()[:200]}")
         except SystemExit:
             for name in (f"{POD}-datamount", f"{POD}-trainer"):
                 out = podman("logs", name, check=False)
                 say(f"logs of {name}:\n{(out.stdout + out.stderr)[-3000:]}")
             for log in (cache / "logs").glob("*.log"):
-                lines = [ln for ln in log.read_text().splitlines() if "datamount.settings" not in ln]
+                lines = [
+                    ln for ln in log.read_text().splitlines() if "datamount.settings" not in ln
+                ]
                 say(f"{log.name}:\n" + "\n".join(lines[-25:]))
             raise
         finally:
