@@ -178,7 +178,7 @@ def container_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, byt
             podman("rm", "-f", "-i", NAME, check=False)
 
 
-def kube_manifest(image: str, tmp: Path, data: Path, cache: Path) -> tuple[list[dict], list[str]]:
+def kube_manifest(image: str, data: Path, cache: Path) -> tuple[list[dict], list[str]]:
     """docker/k8s/pod.yaml adapted to podman 4.3 and this machine; the changes, said."""
     docs = [d for d in yaml.safe_load_all((REPO / "docker/k8s/pod.yaml").read_text()) if d]
     pod = next(d for d in docs if d["kind"] == "Pod")
@@ -242,7 +242,7 @@ def kube_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) 
     write_config(config, azurite)
     cache = tmp / "kube-cache"
     with shared_dir(tmp / "kube-data") as data:
-        docs, changes = kube_manifest(image, tmp, data, cache)
+        docs, changes = kube_manifest(image, data, cache)
         values = {"workspace.yaml": (config / "workspace.yaml").read_text(),
                   "account-key": azurite.key}  # fmt: skip
         secret = {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}
