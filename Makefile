@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench bench-deps posix clean system-deps
+.PHONY: setup test lint demo bench bench-deps posix clean system-deps image image-deps image-test
 
 setup: system-deps $(STAMP) $(NODE_STAMP)
 
@@ -74,6 +74,51 @@ bench: setup bench-deps
 	$(BIN)/python benchmarks/transfer.py
 	$(BIN)/python benchmarks/mount.py
 	$(BIN)/python benchmarks/mltable.py
+
+# The container image (docker/Containerfile) built with podman, rootful.
+# Settings found to work on this machine kind (a VM without systemd, cgroup v1
+# with a v2 hierarchy beside it): crun refuses hybrid cgroups, so runc;
+# cgroupfs (no systemd); a file events log (no journald); the overlay storage
+# driver works natively. podman's default ulimits (nofile 1048576) exceed the
+# host's hard limits here and setrlimit fails, so the container gets the
+# host's nofile and a fixed nproc. BASE_IMAGE=debian:bookworm-slim with
+# registry access; the default is a base made locally with debootstrap
+# (docker/base_image.sh), cached in IMAGE_CACHE and in podman's storage.
+# BUILD_CA: the CA bundle pip trusts in the build (a TLS-intercepting proxy's
+# CA is in the host's bundle); empty: pip's own.
+IMAGE       ?= localhost/datamount:latest
+LOCAL_BASE  := localhost/datamount-base:bookworm
+BASE_IMAGE  ?= $(LOCAL_BASE)
+IMAGE_CACHE ?= $(HOME)/.cache/datamount-image
+BUILD_CA    ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
+PODMAN      ?= podman --runtime runc --cgroup-manager cgroupfs --events-backend file
+NOFILE      := $(shell ulimit -Hn)
+PODMAN_ULIMITS ?= --ulimit nofile=$(NOFILE):$(NOFILE) --ulimit nproc=32768:32768
+IMAGE_TEST_ARGS ?=
+export PODMAN PODMAN_ULIMITS
+
+image-deps:
+	@missing=""; \
+	command -v podman >/dev/null 2>&1 || missing="$$missing podman"; \
+	command -v runc >/dev/null 2>&1 || missing="$$missing runc"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:$$missing"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	@if [ "$(BASE_IMAGE)" = "$(LOCAL_BASE)" ]; then docker/base_image.sh $(LOCAL_BASE) $(IMAGE_CACHE); fi
+
+image: image-deps
+	$(PODMAN) build $(PODMAN_ULIMITS) -f docker/Containerfile --build-arg BASE=$(BASE_IMAGE) \
+		$(if $(BUILD_CA),-v $(BUILD_CA):/run/build-ca.crt:ro --build-arg PIP_CERT=/run/build-ca.crt) \
+		-t $(IMAGE) .
+	@$(PODMAN) image inspect $(IMAGE) --format '$(IMAGE): {{.Size}} bytes'
+
+# Runs the image for real (FUSE in the container, Azurite on the host's
+# loopback, the host reading through an rshared bind mount, SIGTERM draining),
+# then the pod of docker/k8s under `podman kube play`. Minutes; not in `make test`.
+image-test: setup image
+	$(BIN)/python scripts/image_test.py --image $(IMAGE) $(IMAGE_TEST_ARGS)
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .demo

@@ -271,6 +271,12 @@ def _run_job(args: argparse.Namespace) -> int:
 def _status(ctx: Context, args: argparse.Namespace) -> None:
     from datamount.mount import status
 
+    if args.ready is not None:
+        why = status.ready(Path(args.ready))
+        if why is not None:
+            raise DatamountError(f"{args.ready}: not ready: {why}")  # exit 1
+        print(f"{args.ready}: ready")
+        return
     if args.watch is not None:
         with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
             _watch(ctx, args, args.watch)

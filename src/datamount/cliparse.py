@@ -171,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument(
+        "--ready",
+        metavar="MOUNTPOINT",
+        help="exit 0 when the datamount mount at MOUNTPOINT answers, 1 otherwise "
+        "(a container's startup or readiness probe)",
+    )
+    p.add_argument(
         "--watch",
         metavar="SECONDS",
         nargs="?",

@@ -6,17 +6,25 @@ record of every upload output waiting for its `unmount`
 (`<cache>/outputs/*.json`) — and checks each against the kernel's mount table
 and the process table. Read-only: it never repairs anything (`mount` clears a
 stale mount point, `unmount` ends a daemon).
+
+`ready` (`status --ready MOUNTPOINT`, a container's startup/readiness probe)
+asks the kernel and the daemon only: a datamount FUSE mount at that path whose
+daemon answers a statfs and a directory listing, on a helper thread so a hung
+daemon makes the probe fail after `timeout` instead of hanging it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from datamount.mount import control, outputs
+from datamount.mount.table import FSTYPE, find_mount
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,35 @@ def collect(cache_dir: Path) -> list[Entry]:
             )  # fmt: skip
         )
     return sorted(found, key=lambda e: e.mountpoint)
+
+
+READY_TIMEOUT = 5.0  # a mount answers a statfs in ~1 ms; a probe's own timeout is longer
+
+
+def ready(mountpoint: Path, timeout: float = READY_TIMEOUT) -> str | None:
+    """None when a datamount mount at `mountpoint` answers; else why not."""
+    entry = find_mount(mountpoint)
+    if entry is None:
+        return "not mounted"
+    if entry.fstype != FSTYPE:
+        return f"not a datamount mount ({entry.fstype})"
+    failure: list[str] = []
+
+    def probe() -> None:
+        try:
+            os.statvfs(mountpoint)
+            with os.scandir(mountpoint) as listing:
+                next(listing, None)
+        except OSError as exc:
+            failure.append(exc.strerror or type(exc).__name__)
+
+    # daemon=True: a thread stuck in a hung FUSE request must not keep the probe alive
+    worker = threading.Thread(target=probe, name="ready-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        return f"no answer within {timeout:g} s"
+    return f"does not answer: {failure[0]}" if failure else None
 
 
 def describe(entry: Entry, now: float | None = None) -> str:
