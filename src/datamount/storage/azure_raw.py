@@ -109,7 +109,8 @@ class ConnectionPool:
                 break
             conn.close()
         assert conn.sock is not None
-        conn.sock.settimeout(timeout)
+        if conn.sock.gettimeout() != timeout:  # settimeout is an ioctl each time
+            conn.sock.settimeout(timeout)
         return conn
 
     def _connect(self) -> http.client.HTTPConnection:
