@@ -462,7 +462,9 @@ def test_small_files_are_fsynced_in_groups_before_their_rename(
     """Group commit: every file is fsync'd before it gets its final name, in
     groups of GROUP_COMMIT_FILES; a file above GROUP_COMMIT_MAX_FILE alone."""
     import datamount.transfer.download as download_module
+    import datamount.transfer.durable as durable
 
+    monkeypatch.setattr(durable, "syncfs", lambda: None)  # the fallback: a kernel < 5.8
     monkeypatch.setattr(download_module, "GROUP_COMMIT_FILES", 8)
     monkeypatch.setattr(download_module, "GROUP_COMMIT_MAX_FILE", 2 * RANGE)
     blobs = {f"s/f{i:02d}.bin": data(1000 + i) for i in range(21)}
@@ -492,6 +494,61 @@ def test_small_files_are_fsynced_in_groups_before_their_rename(
     # Small files commit in groups: the first small rename follows 8 small fsyncs.
     first = next(i for i, (k, n) in enumerate(events) if k == "rename" and n.startswith(".f"))
     assert sum(1 for k, n in events[:first] if k == "fsync" and n.startswith(".f")) == 8
+
+
+def test_small_file_groups_are_made_durable_by_one_syncfs_before_their_renames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With syncfs (Linux >= 5.8): one syncfs of DEST's filesystem per group
+    of GROUP_COMMIT_FILES small files, before any of their renames, and no
+    fsync of a small file; a file above GROUP_COMMIT_MAX_FILE is fsync'd alone."""
+    import datamount.transfer.download as download_module
+    import datamount.transfer.durable as durable
+
+    real_syncfs = durable.syncfs()
+    if real_syncfs is None:
+        pytest.skip("no syncfs that reports write-back errors here")
+    monkeypatch.setattr(download_module, "GROUP_COMMIT_FILES", 8)
+    monkeypatch.setattr(download_module, "GROUP_COMMIT_MAX_FILE", 2 * RANGE)
+    blobs = {f"s/f{i:02d}.bin": data(1000 + i) for i in range(21)}
+    blobs["s/big.bin"] = data(3 * RANGE)
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace, real_pwrite = os.fsync, os.replace, os.pwrite
+
+    def syncfs(fd: int) -> int:
+        events.append(("syncfs", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_syncfs(fd)
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        real_fsync(fd)
+
+    def replace(src: os.PathLike[str], dst: os.PathLike[str]) -> None:
+        events.append(("rename", os.path.basename(src)))
+        real_replace(src, dst)
+
+    def pwrite(fd: int, view: memoryview, offset: int) -> int:
+        events.append(("write", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_pwrite(fd, view, offset)
+
+    monkeypatch.setattr(durable, "syncfs", lambda: syncfs)
+    monkeypatch.setattr(download_module.os, "pwrite", pwrite)
+    monkeypatch.setattr(download_module.os, "fsync", fsync)
+    monkeypatch.setattr(download_module.os, "replace", replace)
+    Downloader(MemoryStore(blobs), options(threads=4)).download(
+        "s/", tmp_path, is_file=False, source_id="t"
+    )
+    assert tree(tmp_path) == expected(blobs, "s/")
+    assert [n for k, n in events if k == "fsync" and n.endswith(".part")] == [".big.bin.part"]
+    assert {n for k, n in events if k == "syncfs"} == {str(tmp_path)}
+    assert 1 < sum(1 for k, _ in events if k == "syncfs") <= 3  # 21 small files, groups of >= 8
+    last_write: dict[str, int] = {}
+    for index, (kind, name) in enumerate(events):
+        if kind == "write":
+            last_write[name] = index
+        elif kind == "rename" and name.startswith(".f"):
+            synced = [i for i, (k, _) in enumerate(events[:index]) if k == "syncfs"]
+            assert synced and synced[-1] > last_write[name], f"{name} renamed before a syncfs"
 
 
 def test_a_folder_shadows_a_blob_of_the_same_name(tmp_path: Path) -> None:

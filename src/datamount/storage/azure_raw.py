@@ -46,6 +46,7 @@ from datamount.storage import proxy as proxies
 from datamount.storage import tls
 from datamount.storage.azure_auth import Auth, http_date
 from datamount.storage.errors import error_for_status
+from datamount.storage.http_response import Response
 
 CONNECT_TIMEOUT = 10.0
 ERROR_BODY_MAX = 1 << 20  # error bodies up to this are read, to keep the connection
@@ -108,21 +109,25 @@ class ConnectionPool:
                 break
             conn.close()
         assert conn.sock is not None
-        conn.sock.settimeout(timeout)
+        if conn.sock.gettimeout() != timeout:  # settimeout is an ioctl each time
+            conn.sock.settimeout(timeout)
         return conn
 
     def _connect(self) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection
         if self.proxy is not None:
-            return proxies.connect(
+            conn = proxies.connect(
                 self.proxy, self.host, self.port, timeout=CONNECT_TIMEOUT, context=self._context
             )
+            conn.response_class = Response
+            return conn
         if self._context is not None:
             conn = http.client.HTTPSConnection(
                 self.host, self.port, timeout=CONNECT_TIMEOUT, context=self._context
             )
         else:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=CONNECT_TIMEOUT)
+        conn.response_class = Response  # headers parsed without email.parser
         conn.connect()  # sets TCP_NODELAY
         return conn
 
