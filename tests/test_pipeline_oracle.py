@@ -125,3 +125,52 @@ def test_a_cycle_and_bad_bindings_are_one_line_each() -> None:
         "mlflow_model",
         "jobs.c.outputs.q: ${{parent.outputs.nope}} names no pipeline output (declared: none)",
     ])  # fmt: skip
+
+
+def test_a_nested_pipeline_is_flattened_and_checked_across_levels(tmp_path: Path) -> None:
+    import yaml
+
+    sub = {"type": "pipeline", "inputs": {"x": {"type": "uri_folder"}},
+           "outputs": {"y": {"type": "uri_folder"}},
+           "jobs": {"a": cmd({"x": "${{parent.inputs.x}}"}, {"o": "${{parent.outputs.y}}"}),
+                    "b": cmd({"x": out("a")}, {"o": {}})}}  # fmt: skip
+    (tmp_path / "sub.yml").write_text(yaml.safe_dump(sub))
+    nest = {"type": "pipeline", "component": "./sub.yml"}
+    jobs = {
+        "src": cmd({}, {"o": {}}),
+        "s": {**nest, "inputs": {"x": out("src")}},
+        "last": cmd({"x": out("s", "y")}),
+    }
+    pipeline = parse_pipeline({"type": "pipeline", "jobs": jobs}, tmp_path / "p.yml")
+    assert pipeline.order == ["src", "s.a", "s.b", "last"]
+    assert pipeline.steps["s.a"].inputs == {"x": out("src")}
+    assert pipeline.steps["s.b"].inputs == {"x": out("s.a")}
+    assert pipeline.steps["last"].inputs == {"x": out("s.a")}
+    assert pipeline.steps["s.b"].where == "jobs.s.jobs.b"
+    bad = {
+        "src": cmd({"x": out("s", "y")}, {"o": {}}),  # a cycle through the nested pipeline
+        "s": {**nest, "inputs": {"x": out("src"), "zz": 1}},
+        "last": cmd({"x": out("s", "nope")}),
+    }
+    with pytest.raises(SpecError) as caught:
+        parse_pipeline({"type": "pipeline", "jobs": bad}, tmp_path / "p.yml")
+    assert sorted(caught.value.problems) == sorted([
+        "jobs: a cycle: src -> s -> src",
+        "jobs.last.inputs.x: step s has no output 'nope' (outputs: y)",
+    ])  # fmt: skip
+    typed = {**sub, "inputs": {"x": {"type": "uri_file"}}}
+    (tmp_path / "sub.yml").write_text(yaml.safe_dump(typed))
+    with pytest.raises(SpecError) as caught:
+        parse_pipeline({"type": "pipeline", "jobs": {**jobs, "s": {**nest, "inputs": {
+            "x": out("src"), "zz": 1}}}}, tmp_path / "p.yml")  # fmt: skip
+    assert sorted(caught.value.problems) == sorted([
+        "jobs.s.inputs.x: ${{parent.jobs.src.outputs.o}} is a uri_folder, but the input is a "
+        "uri_file",
+    ])  # fmt: skip
+    (tmp_path / "sub.yml").write_text(yaml.safe_dump(sub))
+    with pytest.raises(SpecError) as caught:
+        parse_pipeline({"type": "pipeline", "jobs": {**jobs, "s": {**nest, "inputs": {
+            "x": out("src"), "zz": 1}}}}, tmp_path / "p.yml")  # fmt: skip
+    assert caught.value.problems == [
+        "jobs.s.inputs.zz: the nested pipeline has no input 'zz' (inputs: x)"
+    ]

@@ -12,11 +12,17 @@ the file they are written in). Pure: no I/O. No threads.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from datamount.errors import SpecError
-from datamount.pipeline.graph import RUNNABLE, Pipeline, Step, binding_of, output_type
+from datamount.pipeline.graph import (
+    RUNNABLE,
+    Pipeline,
+    Step,
+    absolute,
+    binding_of,
+    output_type,
+)
 from datamount.spec import JobSpec, parse_spec
 from datamount.specliteral import LITERAL_TYPES
 from datamount.spectable import DataType, data_type, default_output_path, expand_output_path
@@ -24,17 +30,6 @@ from datamount.spectable import DataType, data_type, default_output_path, expand
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
 DECLARED_KEYS = ("type", "mode", "optional", "description")
 JOB_KEYS = ("command", "environment_variables", "identity")
-
-
-def absolute(raw: Any, base: Path) -> Any:
-    """`raw` (an entry mapping) with a local relative `path` made absolute."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
-        return raw
-    path: str = raw["path"]
-    if "://" in path or path.startswith(("azureml:", "${{", "/", "~")) or ":" in path[:3]:
-        return raw
-    joined = str((base / path).resolve()) + ("/" if path.endswith("/") else "")
-    return {**raw, "path": joined}
 
 
 def parent_output_path(pipeline: Pipeline, name: str, run: str) -> tuple[str, DataType]:
@@ -72,11 +67,11 @@ def step_outputs(pipeline: Pipeline, step: Step, run: str) -> dict[str, dict[str
             entry["path"] = path
         else:
             if isinstance(value, dict):
-                entry.update(absolute(value, pipeline.source.parent))
+                entry.update(absolute(value, step.origin or pipeline.source.parent))
             kind = output_type(pipeline, step, name) or DataType.URI_FOLDER
             entry.setdefault("type", kind.value)
             if "path" not in entry:
-                where = f"{run}/{step.name}"
+                where = f"{run}/{step.name.replace('.', '/')}"  # nested: <step>/<inner>
                 entry["path"] = default_output_path(where, name, kind, pipeline.default_datastore)
         result[name] = entry
     return result
@@ -106,9 +101,8 @@ def step_inputs(
             produced = landed.get(binding.step, {}).get(binding.name, {})
             entry = {"type": produced.get("type", "uri_folder"), "path": produced.get("path")}
         elif isinstance(value, dict) and not literal_decl:
-            entry = absolute(
-                dict(value), pipeline.source.parent if name in step.inputs else step.base
-            )
+            origin = step.origin or pipeline.source.parent
+            entry = absolute(dict(value), origin if name in step.inputs else step.base)
         else:
             result[name] = value if not literal_decl else {**decl, "default": _literal(value)}
             continue
@@ -163,7 +157,7 @@ def check_steps(pipeline: Pipeline, run: str) -> dict[str, JobSpec]:
         try:
             specs[name] = parse_spec(job, source=pipeline.source, run_name=f"{run}_{name}")
         except SpecError as exc:
-            problems += [f"jobs.{name}: {p}" for p in exc.problems]
+            problems += [f"{pipeline.steps[name].where}: {p}" for p in exc.problems]
     if problems:
         raise SpecError(problems)
     return specs
