@@ -174,3 +174,40 @@ def test_a_nested_pipeline_is_flattened_and_checked_across_levels(tmp_path: Path
     assert caught.value.problems == [
         "jobs.s.inputs.zz: the nested pipeline has no input 'zz' (inputs: x)"
     ]
+
+
+def test_registry_and_workspace_components_are_looked_up(tmp_path: Path) -> None:
+    import yaml
+
+    kinds = {p.name: p for p in KINDS}
+    prep = yaml.safe_load(kinds["component-ok.yaml"].read_text())
+    (tmp_path / "prep.yml").write_text(yaml.safe_dump(prep))
+    ws = tmp_path / "ws.yaml"
+    ws.write_text(yaml.safe_dump({
+        "registries": {"shared": {"components": {"prep": [
+            {"version": "1", "path": "prep.yml"},
+            {"version": "2", "component": {**prep, "command": "echo two ${{inputs.raw}}"}},
+        ]}}},
+        "components": {"local": [{"version": "3", "component": {**prep, "command": "echo 3"}}]},
+    }))  # fmt: skip
+    settings = Settings.from_env({}, cache_dir=str(tmp_path / "c"), log_dir=str(tmp_path / "l"))
+    path = kinds["pipeline-registry-component.yaml"]
+    bare = commands.validate_file(Context(settings, {}, tmp_path), path, "pipeline")
+    assert "workspace not checked" in bare and "components not checked: a, b" in bare
+    ctx = Context(settings, {}, tmp_path, str(ws))
+    assert "components not checked" not in commands.validate_file(ctx, path, "pipeline")
+    data = yaml.safe_load(path.read_text())
+    data["jobs"]["c"] = {"component": "azureml:local@latest", "inputs": {"raw": out("b", "out")}}
+    workspace = ctx.load_workspace(required=True)
+    assert workspace is not None
+    pipeline, _ = commands.check_pipeline(ctx, path, workspace, data=data)
+    steps = pipeline.steps
+    assert steps["a"].definition["command"] == prep["command"] and steps["a"].base == tmp_path
+    assert steps["b"].definition["command"].startswith("echo two")  # labels/latest: version 2
+    assert steps["c"].definition["command"] == "echo 3"
+    data["jobs"]["d"] = {"component": "azureml://registries/other/components/prep/versions/1"}
+    with pytest.raises(InvalidInput, match="registry 'other' is not in the workspace's registries"):
+        commands.check_pipeline(ctx, path, workspace, data=data)
+    data["jobs"]["d"] = {"component": "azureml://registries/shared/components/prep/versions/9"}
+    with pytest.raises(InvalidInput, match=r"no version '9' in registry shared \(versions: 1, 2\)"):
+        commands.check_pipeline(ctx, path, workspace, data=data)
