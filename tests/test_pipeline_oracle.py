@@ -125,3 +125,89 @@ def test_a_cycle_and_bad_bindings_are_one_line_each() -> None:
         "mlflow_model",
         "jobs.c.outputs.q: ${{parent.outputs.nope}} names no pipeline output (declared: none)",
     ])  # fmt: skip
+
+
+def test_a_nested_pipeline_is_flattened_and_checked_across_levels(tmp_path: Path) -> None:
+    import yaml
+
+    sub = {"type": "pipeline", "inputs": {"x": {"type": "uri_folder"}},
+           "outputs": {"y": {"type": "uri_folder"}},
+           "jobs": {"a": cmd({"x": "${{parent.inputs.x}}"}, {"o": "${{parent.outputs.y}}"}),
+                    "b": cmd({"x": out("a")}, {"o": {}})}}  # fmt: skip
+    (tmp_path / "sub.yml").write_text(yaml.safe_dump(sub))
+    nest = {"type": "pipeline", "component": "./sub.yml"}
+    jobs = {
+        "src": cmd({}, {"o": {}}),
+        "s": {**nest, "inputs": {"x": out("src")}},
+        "last": cmd({"x": out("s", "y")}),
+    }
+    pipeline = parse_pipeline({"type": "pipeline", "jobs": jobs}, tmp_path / "p.yml")
+    assert pipeline.order == ["src", "s.a", "s.b", "last"]
+    assert pipeline.steps["s.a"].inputs == {"x": out("src")}
+    assert pipeline.steps["s.b"].inputs == {"x": out("s.a")}
+    assert pipeline.steps["last"].inputs == {"x": out("s.a")}
+    assert pipeline.steps["s.b"].where == "jobs.s.jobs.b"
+    bad = {
+        "src": cmd({"x": out("s", "y")}, {"o": {}}),  # a cycle through the nested pipeline
+        "s": {**nest, "inputs": {"x": out("src"), "zz": 1}},
+        "last": cmd({"x": out("s", "nope")}),
+    }
+    with pytest.raises(SpecError) as caught:
+        parse_pipeline({"type": "pipeline", "jobs": bad}, tmp_path / "p.yml")
+    assert sorted(caught.value.problems) == sorted([
+        "jobs: a cycle: src -> s -> src",
+        "jobs.last.inputs.x: step s has no output 'nope' (outputs: y)",
+    ])  # fmt: skip
+    typed = {**sub, "inputs": {"x": {"type": "uri_file"}}}
+    (tmp_path / "sub.yml").write_text(yaml.safe_dump(typed))
+    with pytest.raises(SpecError) as caught:
+        parse_pipeline({"type": "pipeline", "jobs": {**jobs, "s": {**nest, "inputs": {
+            "x": out("src"), "zz": 1}}}}, tmp_path / "p.yml")  # fmt: skip
+    assert sorted(caught.value.problems) == sorted([
+        "jobs.s.inputs.x: ${{parent.jobs.src.outputs.o}} is a uri_folder, but the input is a "
+        "uri_file",
+    ])  # fmt: skip
+    (tmp_path / "sub.yml").write_text(yaml.safe_dump(sub))
+    with pytest.raises(SpecError) as caught:
+        parse_pipeline({"type": "pipeline", "jobs": {**jobs, "s": {**nest, "inputs": {
+            "x": out("src"), "zz": 1}}}}, tmp_path / "p.yml")  # fmt: skip
+    assert caught.value.problems == [
+        "jobs.s.inputs.zz: the nested pipeline has no input 'zz' (inputs: x)"
+    ]
+
+
+def test_registry_and_workspace_components_are_looked_up(tmp_path: Path) -> None:
+    import yaml
+
+    kinds = {p.name: p for p in KINDS}
+    prep = yaml.safe_load(kinds["component-ok.yaml"].read_text())
+    (tmp_path / "prep.yml").write_text(yaml.safe_dump(prep))
+    ws = tmp_path / "ws.yaml"
+    ws.write_text(yaml.safe_dump({
+        "registries": {"shared": {"components": {"prep": [
+            {"version": "1", "path": "prep.yml"},
+            {"version": "2", "component": {**prep, "command": "echo two ${{inputs.raw}}"}},
+        ]}}},
+        "components": {"local": [{"version": "3", "component": {**prep, "command": "echo 3"}}]},
+    }))  # fmt: skip
+    settings = Settings.from_env({}, cache_dir=str(tmp_path / "c"), log_dir=str(tmp_path / "l"))
+    path = kinds["pipeline-registry-component.yaml"]
+    bare = commands.validate_file(Context(settings, {}, tmp_path), path, "pipeline")
+    assert "workspace not checked" in bare and "components not checked: a, b" in bare
+    ctx = Context(settings, {}, tmp_path, str(ws))
+    assert "components not checked" not in commands.validate_file(ctx, path, "pipeline")
+    data = yaml.safe_load(path.read_text())
+    data["jobs"]["c"] = {"component": "azureml:local@latest", "inputs": {"raw": out("b", "out")}}
+    workspace = ctx.load_workspace(required=True)
+    assert workspace is not None
+    pipeline, _ = commands.check_pipeline(ctx, path, workspace, data=data)
+    steps = pipeline.steps
+    assert steps["a"].definition["command"] == prep["command"] and steps["a"].base == tmp_path
+    assert steps["b"].definition["command"].startswith("echo two")  # labels/latest: version 2
+    assert steps["c"].definition["command"] == "echo 3"
+    data["jobs"]["d"] = {"component": "azureml://registries/other/components/prep/versions/1"}
+    with pytest.raises(InvalidInput, match="registry 'other' is not in the workspace's registries"):
+        commands.check_pipeline(ctx, path, workspace, data=data)
+    data["jobs"]["d"] = {"component": "azureml://registries/shared/components/prep/versions/9"}
+    with pytest.raises(InvalidInput, match=r"no version '9' in registry shared \(versions: 1, 2\)"):
+        commands.check_pipeline(ctx, path, workspace, data=data)

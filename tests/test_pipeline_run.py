@@ -1,7 +1,8 @@
 """`datamount run` of pipeline jobs, `component create` and `data create` on
 Azurite: a fan-out/fan-in pipeline (a component by file and one by
 registered name, parent inputs and outputs, one step output read as
-ro_mount by one step and downloaded by another), a failing step with and
+ro_mount by one step and downloaded by another, a nested pipeline whose
+output a later step reads), a failing step with and
 without `continue_on_step_failure`, and bad pipelines refused before any
 step starts.
 """
@@ -43,6 +44,14 @@ def components(tmp_path: Path) -> None:
         "outputs": {"o": {"type": "uri_folder", "mode": "upload"}},
         "command": "ls ${{inputs.x}} | sort > ${{outputs.o}}/files && test -f ${{inputs.x}}/n",
     })  # fmt: skip
+    write(tmp_path / "wrap.yml", {
+        "$schema": PIPE.replace("pipelineJob", "pipelineComponent"), "type": "pipeline",
+        "name": "wrap", "inputs": {"src": {"type": "uri_folder"}},
+        "outputs": {"made": {"type": "uri_folder", "mode": "upload"}},
+        "jobs": {"inner": step("cp ${{inputs.src}}/n ${{outputs.o}}/n",
+                               {"src": {"path": "${{parent.inputs.src}}", "mode": "download"}},
+                               {"o": "${{parent.outputs.made}}"})},
+    })  # fmt: skip
 
 
 def step(command: str, inputs: dict, outputs: dict | None = None) -> dict:
@@ -80,9 +89,14 @@ def test_a_fan_out_fan_in_pipeline_runs_end_to_end(
                             {"o": {"type": "uri_folder", "mode": "upload"}}),
             "count": {"component": "azureml:counter:1",
                       "inputs": {"x": "${{parent.jobs.prep.outputs.out}}"}},
-            "join": step("cat ${{inputs.c}}/cat ${{inputs.f}}/files > ${{outputs.all}}/all",
+            "wrap": {"type": "pipeline", "component": "./wrap.yml",
+                     "inputs": {"src": "${{parent.jobs.prep.outputs.out}}"}},
+            "join": step("cat ${{inputs.c}}/cat ${{inputs.f}}/files > ${{outputs.all}}/all"
+                         " && cp ${{inputs.w}}/n ${{outputs.all}}/w",
                          {"c": {"path": "${{parent.jobs.mounted.outputs.o}}", "mode": "download"},
-                          "f": {"path": "${{parent.jobs.count.outputs.o}}", "mode": "download"}},
+                          "f": {"path": "${{parent.jobs.count.outputs.o}}", "mode": "download"},
+                          "w": {"path": "${{parent.jobs.wrap.outputs.made}}",
+                                "mode": "download"}},
                          {"all": "${{parent.outputs.final}}"}),
         },
     })  # fmt: skip
@@ -94,6 +108,9 @@ def test_a_fan_out_fan_in_pipeline_runs_end_to_end(
     assert result == "alpha\n3\na.txt\nb.txt\nn\n"
     names = [b.name for b in container.list_blobs(name_starts_with="pipe_")]
     assert any(n.endswith("/prep/out/a.txt") for n in names), names  # <run>/<step>/<output>/
+    assert any(n.endswith("/wrap/inner/o/n") for n in names), names  # <step>/<inner step>/
+    assert container.download_blob("out/final/w").readall() == b"3\n"  # the nested output
+    assert (workdir / "wrap.inner" / "system_logs" / "std_log.txt").is_file()
     assert (workdir / "count" / "system_logs" / "std_log.txt").is_file()
     assert (workdir / "join" / "system_logs" / "data_capability").is_dir()
     ws = Path(env["DATAMOUNT_WORKSPACE"])

@@ -295,3 +295,22 @@ def test_literal_values_keep_their_type_and_optional_inputs_may_be_left_out() ->
     literals = {k: v.value for k, v in spec.inputs.items() if isinstance(v, LiteralInput)}
     assert literals == {"f": False, "t": True, "n": 3, "s": None}
     assert "o" not in spec.inputs  # left out: its $[[...]] block is dropped at run time
+
+
+def test_an_inputs_datastore_key_is_kept_as_the_sdk_has_it(tmp_path: Path) -> None:
+    data = {
+        "command": "ls ${{inputs.x}} ${{outputs.o}}",
+        "inputs": {"x": {"path": "./d", "datastore": "azureml:workspaceblobstore"}},
+        "outputs": {"o": {"type": "uri_folder"}},
+    }
+    spec = parse_spec(data, source=tmp_path / "job.yml")
+    assert spec.inputs["x"].datastore == "workspaceblobstore"  # where Azure ML would upload ./d
+    data["outputs"]["o"]["datastore"] = "workspaceblobstore"
+    data["inputs"]["x"]["datastore"] = "bad name"
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data, source=tmp_path / "job.yml")
+    assert caught.value.problems == [
+        "inputs.x.datastore: 'bad name' is not a datastore name",
+        "outputs.o.datastore: only inputs have `datastore:` (where a local path is uploaded); "
+        "put an output on a datastore with its `path`",
+    ]

@@ -1,7 +1,8 @@
 """The versioned assets a workspace knows: data assets (`data_assets:`),
-models (`models:`) and the assets of the registries it can read
-(`registries: {<name>: {data: ..., models: ...}}`), and the lookup of an
-`azureml:<name>:<version>` / `@latest` reference among them.
+models (`models:`), components (`components:`) and the assets of the
+registries it can read (`registries: {<name>: {data: ..., models: ...,
+components: ...}}`), and the lookup of an `azureml:<name>:<version>` /
+`@latest` reference among them.
 
 A data-typed entry looks among data assets and a model-typed one among
 models; a reference found only in the other section is one clear error
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from datamount.errors import WorkspaceError
 from datamount.uris import Location
@@ -42,13 +43,30 @@ class ModelVersion(BaseModel):
     description: str | None = None
 
 
+class ComponentVersion(BaseModel):
+    """A component version declared in the workspace file: its YAML file
+    (`path:`, relative to the workspace file) or the mapping itself
+    (`component:`)."""
+
+    model_config = ConfigDict(extra="allow")
+    version: str
+    path: str | None = None
+    component: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ComponentVersion:
+        if (self.path is None) == (self.component is None):
+            raise ValueError("give the component as `path:` (a YAML file) or `component:`")
+        return self
+
+
 class RegistryConfig(BaseModel):
-    """One Azure ML registry, as a section of the workspace file. Other keys
-    (components) are read by whoever needs them."""
+    """One Azure ML registry, as a section of the workspace file."""
 
     model_config = ConfigDict(extra="allow")
     data: dict[str, list[AssetVersion]] = Field(default_factory=dict)
     models: dict[str, list[ModelVersion]] = Field(default_factory=dict)
+    components: dict[str, list[ComponentVersion]] = Field(default_factory=dict)
 
 
 Entry = AssetVersion | ModelVersion
@@ -90,6 +108,20 @@ def read_components(path: Path) -> dict[str, list[dict[str, Any]]]:
     ):
         raise WorkspaceError(f"asset registry {path}: expected 'components:' lists of versions")
     return {str(k): list(v) for k, v in components.items()}
+
+
+def pick_version(versions: list[Any], version: str | None) -> Any | None:
+    """The entry of `version` among `versions` (each with a `version`), the
+    highest when `version` is None; None when there is no such version."""
+    if not versions:
+        return None
+    if version is None:
+        return max(versions, key=lambda e: version_key(str(_version(e))))
+    return next((e for e in versions if str(_version(e)) == version), None)
+
+
+def _version(entry: Any) -> object:
+    return entry.get("version") if isinstance(entry, dict) else entry.version
 
 
 def read_registry(path: Path) -> dict[str, list[dict[str, Any]]]:

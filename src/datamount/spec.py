@@ -33,6 +33,7 @@ from datamount.spectable import (
     expand_output_path,
     mode,
     replica_locations,
+    upload_datastore,
 )
 from datamount.uris import Location, parse
 
@@ -82,6 +83,8 @@ class DataInput(BaseModel):
     description: str | None = None
     identity: Identity | None = None
     asset_name: str | None = None  # outputs: register the result as this data asset
+    # inputs: where Azure ML uploads a local path on submission (spectable.upload_datastore)
+    datastore: str | None = None
     asset_version: str | None = None
     path_was_default: bool = Field(default=False, exclude=True)
     replicas: tuple[str, ...] = ()  # an extension: copies of `path` (spectable.replica_locations)
@@ -330,6 +333,8 @@ def _data(
     if direction == "input" and ("name" in raw or "version" in raw):
         problems.append(f"{where}: 'name'/'version' register outputs; an input cannot have them")
     identity = _identity(fields.pop("identity", None), f"{where}.identity", problems)
+    if "datastore" in fields:
+        fields["datastore"] = upload_datastore(fields["datastore"], direction, where, problems)
     if len(problems) > before or kind is None or chosen is None or location is None:
         return None
     try:

@@ -201,3 +201,26 @@ def replica_locations(
             problems.append(f"{here}: {item!r} names a folder; a uri_file's replicas are files")
         found.append(location)
     return tuple(found)
+
+
+DATASTORE_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def upload_datastore(
+    raw: object, direction: Direction, where: str, problems: list[str]
+) -> str | None:
+    """An input's `datastore:` as the SDK has it: the datastore Azure ML
+    uploads a local `path` to on submission (`azureml:` prefix allowed;
+    ignored for any other path). One node reads a local path where it is, so
+    nothing is uploaded; outputs have no such key (the SDK refuses it)."""
+    if direction != "input":
+        problems.append(
+            f"{where}.datastore: only inputs have `datastore:` (where a local path is "
+            "uploaded); put an output on a datastore with its `path`"
+        )
+        return None
+    name = raw.removeprefix("azureml:") if isinstance(raw, str) else None
+    if name is None or not DATASTORE_NAME.fullmatch(name):
+        problems.append(f"{where}.datastore: {raw!r} is not a datastore name")
+        return None
+    return name

@@ -1,4 +1,4 @@
-"""The workspace registry (datastores, accounts, data assets, models,
+"""The workspace registry (datastores, accounts, data assets, models, components,
 registries, the run history) and resolution of any spec `Location` into a
 concrete `StorageLocation` with its credential.
 
@@ -21,6 +21,7 @@ from datamount import runhistory
 from datamount.catalog import (
     AssetVersion,
     Catalog,
+    ComponentVersion,
     ModelVersion,
     RegistryConfig,
     kind_of,
@@ -93,6 +94,7 @@ class WorkspaceConfig(BaseModel):
     data_assets: dict[str, list[AssetVersion]] = Field(default_factory=dict)
     models: dict[str, list[ModelVersion]] = Field(default_factory=dict)
     registries: dict[str, RegistryConfig] = Field(default_factory=dict)
+    components: dict[str, list[ComponentVersion]] = Field(default_factory=dict)
     registry_file: str | None = None  # where jobs register versions (registry.py)
 
 

@@ -15,9 +15,17 @@ from datamount import jobrun
 from datamount.context import Context
 from datamount.errors import InvalidInput, SpecError
 from datamount.pipeline import kinds
-from datamount.pipeline.graph import RUNNABLE, ComponentLookup, Pipeline, load_pipeline, read_yaml
+from datamount.pipeline.graph import (
+    RUNNABLE,
+    ComponentLookup,
+    Pipeline,
+    load_pipeline,
+    parse_pipeline,
+    read_yaml,
+)
 from datamount.pipeline.steps import check_steps
 from datamount.spec import JobSpec, parse_spec
+from datamount.specliteral import LITERAL_TYPES
 from datamount.spectable import DEFAULT_DATASTORE
 from datamount.workspace import Workspace
 
@@ -53,11 +61,13 @@ def validate_file(ctx: Context, path: Path, kind: str) -> str:
     if kind == "component":
         name = kinds.check_component(data, path)
         return f"{path}: valid (command component {name}, {len(data.get('inputs') or {})} inputs)"
-    pipeline, specs = check_pipeline(ctx, path, workspace)
+    component = "pipelinecomponent" in str(data.get("$schema") or "").lower()
+    pipeline, specs = check_pipeline(ctx, path, workspace, data=with_placeholders(data))
+    what = f"pipeline component {data.get('name')}" if component else "pipeline job"
     unchecked = [n for n, s in pipeline.steps.items() if not s.checked]
     note = f"; components not checked: {', '.join(unchecked)}" if unchecked else ""
     return (
-        f"{path}: valid (pipeline job, {len(pipeline.steps)} steps: "
+        f"{path}: valid ({what}, {len(pipeline.steps)} steps: "
         f"{', '.join(pipeline.order)}; {checked}{note})"
     )
 
@@ -71,10 +81,34 @@ def _lookup(workspace: Workspace | None) -> ComponentLookup:
     return lookup
 
 
+def with_placeholders(data: dict[str, Any]) -> dict[str, Any]:
+    """A pipeline (component) whose data inputs without a path or default get
+    a placeholder path, so its steps can be checked as jobs."""
+    inputs = data.get("inputs")
+    if not isinstance(inputs, dict):
+        return data
+    filled = {}
+    for key, value in inputs.items():
+        if (
+            isinstance(value, dict)
+            and str(value.get("type", "uri_folder")).lower() not in LITERAL_TYPES
+            and "path" not in value
+            and "default" not in value
+        ):
+            value = {**value, "path": kinds.PLACEHOLDER}
+        filled[key] = value
+    return {**data, "inputs": filled}
+
+
 def check_pipeline(
-    ctx: Context, path: Path, workspace: Workspace | None, run: str = "validate"
+    ctx: Context,
+    path: Path,
+    workspace: Workspace | None,
+    run: str = "validate",
+    data: dict[str, Any] | None = None,
 ) -> tuple[Pipeline, dict[str, JobSpec]]:
-    pipeline = load_pipeline(path, _lookup(workspace))
+    lookup = _lookup(workspace)
+    pipeline = load_pipeline(path, lookup) if data is None else parse_pipeline(data, path, lookup)
     if "default_datastore" not in pipeline.settings and workspace is not None:
         default = (workspace.config.model_extra or {}).get("default_datastore")
         if default:

@@ -5,7 +5,8 @@ and every check that can be made before anything runs.
 YAML; each step is given inline (`type: command`), by file
 (`component: ./file.yml`), inline (`component: {...}`) or by registered name
 (`component: azureml:<name>:<version>`, looked up through the `components`
-callable). Bindings are `${{parent.inputs.x}}`, `${{parent.outputs.y}}` and
+callable); a step whose component is a pipeline is flattened (nested.py).
+Bindings are `${{parent.inputs.x}}`, `${{parent.outputs.y}}` and
 `${{parent.jobs.<step>.outputs.<o>}}`. Every problem (a cycle, a binding to
 an unknown step or output, a type mismatch, a bad step) is one line of the
 SpecError raised. `Step.job()` is the command job a step runs as (steps.py
@@ -26,7 +27,8 @@ from datamount.errors import SpecError
 from datamount.spectable import DEFAULT_DATASTORE, DataType, asset_kind, data_type
 
 BINDING = re.compile(r"^\$\{\{\s*parent\.(inputs|outputs|jobs)\.([^}]*?)\s*\}\}$")
-STEP_OUTPUT = re.compile(r"^([A-Za-z0-9_-]+)\.outputs\.([A-Za-z0-9_]+)$")
+# A step name; `<outer>.<inner>` for a step of a nested pipeline (nested.py).
+STEP_OUTPUT = re.compile(r"^([A-Za-z0-9_.-]+?)\.outputs\.([A-Za-z0-9_]+)$")
 # Step types the SDK accepts; only command steps (and nested pipelines) run on one node.
 STEP_TYPES = (
     "command",
@@ -72,6 +74,13 @@ class Step:
     inputs: dict[str, Any] = field(default_factory=dict)  # the step's values
     outputs: dict[str, Any] = field(default_factory=dict)
     checked: bool = True  # False: a registered component not looked up (no workspace)
+    source: Path | None = None  # the component's file, when it was given by file
+    origin: Path | None = None  # where its values are relative to (None: the pipeline's)
+
+    @property
+    def where(self) -> str:
+        """`jobs.<step>` (`jobs.<outer>.jobs.<inner>` in a nested pipeline)."""
+        return "jobs." + ".jobs.".join(self.name.split("."))
 
     def declared(self, group: str) -> dict[str, Any]:
         value = self.definition.get(group) or {}
@@ -125,6 +134,17 @@ def binding_of(value: object) -> Binding | None:
     return Binding(group, rest)
 
 
+def absolute(raw: Any, base: Path) -> Any:
+    """`raw` (an entry mapping) with a local relative `path` made absolute."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
+        return raw
+    path: str = raw["path"]
+    if "://" in path or path.startswith(("azureml:", "${{", "/", "~")) or ":" in path[:3]:
+        return raw
+    joined = str((base / path).resolve()) + ("/" if path.endswith("/") else "")
+    return {**raw, "path": joined}
+
+
 def read_yaml(path: Path, what: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -142,8 +162,15 @@ def load_pipeline(path: Path, components: ComponentLookup | None = None) -> Pipe
 
 
 def parse_pipeline(
-    data: dict[str, Any], source: Path, components: ComponentLookup | None = None
+    data: dict[str, Any],
+    source: Path,
+    components: ComponentLookup | None = None,
+    stack: tuple[Path, ...] = (),
 ) -> Pipeline:
+    """The pipeline `data` (read from `source`); `stack`: the files of the
+    pipelines that hold it (a nested pipeline holding itself is an error)."""
+    from datamount.pipeline.nested import flatten
+
     problems: list[str] = []
     jobs = data.get("jobs") or {}
     if not isinstance(jobs, dict):
@@ -162,9 +189,24 @@ def parse_pipeline(
         step = _step(str(name), raw, source.parent, components, problems)
         if step is not None:
             pipeline.steps[str(name)] = step
+    nested = []
     for step in pipeline.steps.values():
+        before = len(problems)
         _check_bindings(pipeline, step, problems)
-    pipeline.order = order(pipeline.steps, problems)
+        if step.type == "pipeline" and len(problems) == before:
+            nested.append(step.name)
+    order(pipeline.steps, problems)  # a cycle among the steps of this level
+    if nested and not problems:
+        outer = set(pipeline.steps)
+
+        def parse(d: dict[str, Any], s: Path, st: tuple[Path, ...]) -> Pipeline:
+            return parse_pipeline(d, s, components, st)
+
+        flatten(pipeline, nested, parse, stack or (source.resolve(),), problems)
+        for step in pipeline.steps.values():
+            if step.name not in outer:  # the inner steps, checked at this level
+                _check_bindings(pipeline, step, problems)
+    pipeline.order = order(pipeline.steps, [])  # no new cycle: each level has none
     if problems:
         raise SpecError(problems)
     return pipeline
@@ -188,6 +230,7 @@ def _step(
     definition: dict[str, Any] = raw
     step_base = base
     checked = True
+    source = None
     component = raw.get("component")
     if isinstance(component, dict):
         definition = component
@@ -201,7 +244,7 @@ def _step(
         else:
             file = (base / component).resolve()
             definition = read_yaml(file, f"{where}.component")
-            step_base = file.parent
+            step_base, source = file.parent, file
     elif component is not None:
         problems.append(
             f"{where}.component: expected a file, azureml:<name>:<version> or a mapping"
@@ -215,11 +258,19 @@ def _step(
     if not isinstance(inputs, dict) or not isinstance(outputs, dict):
         problems.append(f"{where}: inputs and outputs are mappings of names to entries")
         return None
-    return Step(name, kind, definition, step_base, dict(inputs), dict(outputs), checked)
+    if kind == "pipeline" and definition is raw:
+        problems.append(f"{where}: a pipeline step names its pipeline in `component:` (a file)")
+        return None
+    if kind == "pipeline" and checked and not isinstance(definition.get("jobs"), dict):
+        problems.append(f"{where}: a pipeline step needs a pipeline (with `jobs:`) as component")
+        return None
+    return Step(
+        name, kind, definition, step_base, dict(inputs), dict(outputs), checked, source=source
+    )
 
 
 def _check_bindings(pipeline: Pipeline, step: Step, problems: list[str]) -> None:
-    where = f"jobs.{step.name}"
+    where = step.where
     for group in ("inputs", "outputs"):
         values = step.inputs if group == "inputs" else step.outputs
         for key, value in values.items():

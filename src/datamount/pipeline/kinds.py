@@ -5,17 +5,21 @@ data.schema.json `$schema`, or `type` + `path` + `name`), 'component' (the
 commandComponent `$schema`, or a command whose inputs are declared without
 paths) or 'job' (everything else: what spec.py reads). A data asset and a
 component are checked as what they are, each problem one line. Also the
-lookup of a registered component (`azureml:<name>:<version>` / `@latest`).
+lookup of a component (`azureml:<name>:<version>` / `@latest`, registered or
+declared in the workspace; `azureml://registries/<r>/components/...`).
 Pure: no network. No threads.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from datamount.catalog import read_components, version_key
+import yaml
+
+from datamount.catalog import ComponentVersion, pick_version, read_components
 from datamount.errors import InvalidInput, SpecError, WorkspaceError
 from datamount.spec import parse_spec
 from datamount.specliteral import LITERAL_TYPES
@@ -25,6 +29,9 @@ from datamount.workspace import Workspace, registry_path
 DATA_TYPES = ("uri_file", "uri_folder", "mltable")
 PLACEHOLDER = "azureml://datastores/workspaceblobstore/paths/component-input/"
 COMPONENT_REF = re.compile(r"^azureml:([A-Za-z0-9_.-]+)(?::([^:@]+)|@latest)?$")
+REGISTRY_COMPONENT = re.compile(
+    r"^azureml://registries/([^/]+)/components/([^/]+)(?:/versions/([^/]+)|/labels/([^/]+))?/?$"
+)
 COMPONENT_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_.-]{0,254}$")
 
 
@@ -125,30 +132,78 @@ def as_job(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def find_component(workspace: Workspace, reference: str, where: str) -> tuple[dict[str, Any], Path]:
-    """A registered component: (its definition, the folder its paths are relative to)."""
-    match = COMPONENT_REF.match(reference)
-    if match is None:
-        raise SpecError(f"{where}.component: {reference!r} is not azureml:<name>:<version>")
-    name, version = match.groups()
+    """A component `reference` names: (its definition, the folder its paths
+    are relative to). `azureml:<name>:<version>` / `@latest`: registered with
+    `component create`, or declared in the workspace's `components:`;
+    `azureml://registries/<r>/components/<name>[/versions/<v>|/labels/latest]`:
+    declared in that registry's `components:` section."""
     if workspace.source is None:
         raise WorkspaceError(f"{where}.component: {reference} needs a workspace file")
-    registered = read_components(registry_path(workspace.source, workspace.config))
-    versions = registered.get(name) or []
-    if not versions:
-        known = ", ".join(sorted(registered)) or "none"
-        raise WorkspaceError(
-            f"{where}.component: component {name!r} is not registered (registered: {known}); "
-            "use `datamount component create FILE`"
-        )
-    if version is None:
-        entry = max(versions, key=lambda e: version_key(str(e.get("version"))))
-    else:
-        found = [e for e in versions if str(e.get("version")) == version]
-        if not found:
-            have = ", ".join(str(e.get("version")) for e in versions)
+    here = f"{where}.component"
+    in_registry = REGISTRY_COMPONENT.match(reference)
+    if in_registry is not None:
+        registry_name, name, version, label = in_registry.groups()
+        if label is not None and label != "latest":
+            raise SpecError(f"{here}: label {label!r}: only labels/latest is known locally")
+        registry = workspace.config.registries.get(registry_name)
+        if registry is None:
+            known = ", ".join(sorted(workspace.config.registries)) or "none"
             raise WorkspaceError(
-                f"{where}.component: component {name!r} has no version {version!r} "
-                f"(versions: {have})"
+                f"{here}: registry {registry_name!r} is not in the workspace's registries: "
+                f"section (registries: {known})"
             )
-        entry = found[0]
-    return dict(entry["component"]), workspace.source.parent
+        declared = registry.components.get(name, [])
+        entry = pick_version(declared, version)
+        if entry is None:
+            _missing(
+                here, name, version, declared, f"registry {registry_name}", registry.components
+            )
+        return _declared(workspace.source, entry, here)
+    match = COMPONENT_REF.match(reference)
+    if match is None:
+        raise SpecError(
+            f"{here}: {reference!r} is not azureml:<name>:<version> or "
+            "azureml://registries/<r>/components/<name>/versions/<v>"
+        )
+    name, version = match.groups()
+    registered = read_components(registry_path(workspace.source, workspace.config))
+    found = pick_version(registered.get(name) or [], version)
+    if found is not None:
+        return dict(found["component"]), workspace.source.parent
+    declared = workspace.config.components.get(name, [])
+    entry = pick_version(declared, version)
+    if entry is None:
+        versions = [*(registered.get(name) or []), *declared]
+        names = {**workspace.config.components, **registered}
+        _missing(here, name, version, versions, "the workspace", names)
+    return _declared(workspace.source, entry, here)
+
+
+def _missing(
+    here: str, name: str, version: str | None, versions: list[Any], place: str,
+    known: Mapping[str, object],
+) -> NoReturn:  # fmt: skip
+    if not versions:
+        names = ", ".join(sorted(known)) or "none"
+        raise WorkspaceError(
+            f"{here}: component {name!r} is not registered in {place} (components: {names}); "
+            "use `datamount component create FILE` or the workspace's components: section"
+        )
+    have = ", ".join(str(v.get("version") if isinstance(v, dict) else v.version) for v in versions)
+    raise WorkspaceError(
+        f"{here}: component {name!r} has no version {version!r} in {place} (versions: {have})"
+    )
+
+
+def _declared(source: Path, entry: ComponentVersion, here: str) -> tuple[dict[str, Any], Path]:
+    """A workspace-declared component version: its mapping, or its file read."""
+    if entry.component is not None:
+        return dict(entry.component), source.parent
+    file = (source.parent / str(entry.path)).expanduser().resolve()
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise WorkspaceError(f"{here}: component file {file}: cannot read it: {exc}") from None
+    if not isinstance(data, dict):
+        raise WorkspaceError(f"{here}: component file {file}: expected a YAML mapping")
+    return data, file.parent

@@ -12,11 +12,17 @@ the file they are written in). Pure: no I/O. No threads.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from datamount.errors import SpecError
-from datamount.pipeline.graph import RUNNABLE, Pipeline, Step, binding_of, output_type
+from datamount.pipeline.graph import (
+    RUNNABLE,
+    Pipeline,
+    Step,
+    absolute,
+    binding_of,
+    output_type,
+)
 from datamount.spec import JobSpec, parse_spec
 from datamount.specliteral import LITERAL_TYPES
 from datamount.spectable import DataType, data_type, default_output_path, expand_output_path
@@ -24,17 +30,7 @@ from datamount.spectable import DataType, data_type, default_output_path, expand
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
 DECLARED_KEYS = ("type", "mode", "optional", "description")
 JOB_KEYS = ("command", "environment_variables", "identity")
-
-
-def absolute(raw: Any, base: Path) -> Any:
-    """`raw` (an entry mapping) with a local relative `path` made absolute."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("path"), str):
-        return raw
-    path: str = raw["path"]
-    if "://" in path or path.startswith(("azureml:", "${{", "/", "~")) or ":" in path[:3]:
-        return raw
-    joined = str((base / path).resolve()) + ("/" if path.endswith("/") else "")
-    return {**raw, "path": joined}
+EVAL_MODES = {"eval_mount": "ro_mount", "eval_download": "download"}
 
 
 def parent_output_path(pipeline: Pipeline, name: str, run: str) -> tuple[str, DataType]:
@@ -72,11 +68,11 @@ def step_outputs(pipeline: Pipeline, step: Step, run: str) -> dict[str, dict[str
             entry["path"] = path
         else:
             if isinstance(value, dict):
-                entry.update(absolute(value, pipeline.source.parent))
+                entry.update(absolute(value, step.origin or pipeline.source.parent))
             kind = output_type(pipeline, step, name) or DataType.URI_FOLDER
             entry.setdefault("type", kind.value)
             if "path" not in entry:
-                where = f"{run}/{step.name}"
+                where = f"{run}/{step.name.replace('.', '/')}"  # nested: <step>/<inner>
                 entry["path"] = default_output_path(where, name, kind, pipeline.default_datastore)
         result[name] = entry
     return result
@@ -106,9 +102,8 @@ def step_inputs(
             produced = landed.get(binding.step, {}).get(binding.name, {})
             entry = {"type": produced.get("type", "uri_folder"), "path": produced.get("path")}
         elif isinstance(value, dict) and not literal_decl:
-            entry = absolute(
-                dict(value), pipeline.source.parent if name in step.inputs else step.base
-            )
+            origin = step.origin or pipeline.source.parent
+            entry = absolute(dict(value), origin if name in step.inputs else step.base)
         else:
             result[name] = value if not literal_decl else {**decl, "default": _literal(value)}
             continue
@@ -138,8 +133,30 @@ def step_job(
     return job
 
 
-def all_jobs(pipeline: Pipeline, run: str) -> dict[str, dict[str, Any]]:
-    """The command job of every runnable, checked step, in order."""
+def data_job(
+    pipeline: Pipeline, step: Step, run: str, landed: dict[str, dict[str, dict[str, Any]]]
+) -> dict[str, Any]:
+    """A step that does not run here (spark, parallel, sweep, automl) as a
+    command job holding only its data entries, so they are checked like any
+    other's (parallel's `eval_mount`/`eval_download` checked as the mode they
+    read like)."""
+    entries = {}
+    for group, values in (
+        ("inputs", step_inputs(pipeline, step, run, landed)),
+        ("outputs", step_outputs(pipeline, step, run)),
+    ):
+        entries[group] = {
+            k: {**v, "mode": EVAL_MODES.get(str(v.get("mode")).lower(), v["mode"])}
+            if isinstance(v, dict) and "mode" in v
+            else v
+            for k, v in values.items()
+        }
+    return {"$schema": SCHEMA, "type": "command", "name": step.name, "command": "true", **entries}
+
+
+def all_jobs(pipeline: Pipeline, run: str, *, data_only: bool = False) -> dict[str, dict[str, Any]]:
+    """The command job of every runnable, checked step, in order (with
+    `data_only`, also the data_job of every other checked step)."""
     landed: dict[str, dict[str, dict[str, Any]]] = {}
     jobs = {}
     for name in pipeline.order:
@@ -147,23 +164,27 @@ def all_jobs(pipeline: Pipeline, run: str) -> dict[str, dict[str, Any]]:
         landed[name] = step_outputs(pipeline, step, run)
         if step.type in RUNNABLE and step.checked:
             jobs[name] = step_job(pipeline, step, run, landed)
+        elif data_only and step.checked:
+            jobs[name] = data_job(pipeline, step, run, landed)
     return jobs
 
 
 def check_steps(pipeline: Pipeline, run: str) -> dict[str, JobSpec]:
-    """Each command step parsed as the job it runs as; every problem, each
-    prefixed with its step."""
+    """Each command step parsed as the job it runs as (and the data entries
+    of every other step checked); every problem, each prefixed with its step."""
     problems: list[str] = []
     specs = {}
     try:
-        jobs = all_jobs(pipeline, run)
+        jobs = all_jobs(pipeline, run, data_only=True)
     except SpecError as exc:
         raise SpecError(exc.problems) from None
     for name, job in jobs.items():
         try:
-            specs[name] = parse_spec(job, source=pipeline.source, run_name=f"{run}_{name}")
+            spec = parse_spec(job, source=pipeline.source, run_name=f"{run}_{name}")
+            if pipeline.steps[name].type in RUNNABLE:
+                specs[name] = spec
         except SpecError as exc:
-            problems += [f"jobs.{name}: {p}" for p in exc.problems]
+            problems += [f"{pipeline.steps[name].where}: {p}" for p in exc.problems]
     if problems:
         raise SpecError(problems)
     return specs
