@@ -77,6 +77,9 @@ def test_a_mount_exports_its_counters_at_the_metrics_url(
     assert after[("datamount_open_handles", ())] == 0
     assert after[("datamount_memory_budget_bytes", (("area", "prefetch"),))] == 64 << 20
     assert after[("datamount_fuse_operations_total", (("op", "opens"),))] == 2
+    # every FUSE callback is timed: the two opens, and the reads that returned the bytes
+    assert after[("datamount_fuse_operation_seconds_count", (("op", "open"),))] == 2
+    assert after[("datamount_fuse_operation_seconds_count", (("op", "read_into"),))] >= 2
     assert ("datamount_storage_throttled_total", ()) in after
 
     # A second read of a.bin (kernel page cache or the RAM tier): no new request.

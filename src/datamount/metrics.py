@@ -7,7 +7,8 @@ retry policy's RetryStats, the memory budget, transfer.progress.Progress):
 time, so the hot path counts once, not twice. Only two things are observed
 per request, and only while an endpoint is on: `StorageRequests` (a
 response hook of the raw Azure client: requests by operation and status)
-and the `datamount_storage_request_seconds` histogram (MountStats.on_read).
+the `datamount_storage_request_seconds` histogram (MountStats.on_read) and
+the `datamount_fuse_operation_seconds` histogram (fs.fuse_adapter's funnel).
 With metrics off none of this module is even imported.
 
 Threads: prometheus-client's HTTP server thread (scrapes call the snapshot
@@ -30,6 +31,9 @@ from datamount.errors import DataError
 # Latency buckets of one storage request, 1 ms .. 60 s (a 2 MiB range from the
 # same region takes 10-50 ms; a throttled one seconds).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# FUSE operations: 10 us (a cached getattr) .. 10 s (a cold read behind a slow store)
+FUSE_BUCKETS = (1e-5, 5e-5, 1e-4, 5e-4, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 10)
 
 Snapshot = Callable[[], Mapping[str, Any]]
 
@@ -72,11 +76,32 @@ class Endpoint:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.fuse = Histogram(
+            "datamount_fuse_operation_seconds",
+            "Seconds of one FUSE operation in the daemon, by operation.",
+            ["op"],
+            buckets=FUSE_BUCKETS,
+            registry=self.registry,
+        )
         self.url = ""
         self._server: Any = None
 
     def observe_read(self) -> Callable[[float], None]:
         return self.latency.labels("read").observe
+
+    def observe_fuse(self) -> Callable[[str, float], None]:
+        """observe(op, seconds) for fs.fuse_adapter.set_observer; one labelled
+        child per operation, made once."""
+        children: dict[str, Any] = {}
+        labels = self.fuse.labels
+
+        def observe(op: str, seconds: float) -> None:
+            child = children.get(op)
+            if child is None:
+                child = children[op] = labels(op)
+            child.observe(seconds)
+
+        return observe
 
     def add(self, collector: Collector) -> None:
         self.registry.register(collector)

@@ -36,6 +36,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -86,15 +87,32 @@ def _to_errno(op: str, exc: BaseException) -> mfusepy.FuseOSError:
     return mfusepy.FuseOSError(errno.EIO)
 
 
+# observe(operation, seconds) of every callback, set by the daemon only while
+# a metrics endpoint is on (set_observer); None: nothing is timed.
+_observe: Callable[[str, float], None] | None = None
+
+
+def set_observer(observe: Callable[[str, float], None] | None) -> None:
+    global _observe
+    _observe = observe
+
+
 def _funnel(method: F) -> F:
-    """The one errno funnel every callback goes through."""
+    """The one errno funnel every callback goes through (and, with metrics
+    on, the one place its latency is measured)."""
+    name = method.__name__
 
     @functools.wraps(method)
     def call(self: Any, *args: Any) -> Any:
+        observe = _observe
+        start = time.perf_counter() if observe is not None else 0.0
         try:
             return method(self, *args)
         except Exception as exc:
-            raise _to_errno(method.__name__, exc) from None
+            raise _to_errno(name, exc) from None
+        finally:
+            if observe is not None:
+                observe(name, time.perf_counter() - start)
 
     return call  # type: ignore[return-value]
 

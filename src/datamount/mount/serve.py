@@ -185,6 +185,7 @@ def _metrics(
     if settings.metrics_port is None:
         return ""
     from datamount import metrics  # prometheus-client: only when metrics are on
+    from datamount.fs import fuse_adapter
 
     endpoint = metrics.Endpoint()
     hooks = getattr(getattr(stack.store, "raw", None), "hooks", None)
@@ -201,6 +202,8 @@ def _metrics(
     url = endpoint.start(settings.metrics_host, settings.metrics_port)
     stack.cleanup.callback(endpoint.stop)
     stack.stats.on_read = endpoint.observe_read()
+    fuse_adapter.set_observer(endpoint.observe_fuse())
+    stack.cleanup.callback(fuse_adapter.set_observer, None)
     log.info("metrics of %s at %s", plan.mountpoint, url)
     return url
 
