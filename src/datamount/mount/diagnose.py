@@ -27,7 +27,11 @@ log = logging.getLogger("datamount.daemon")
 # Thresholds, per evaluation interval (5 s by default).
 MIN_REQUESTS = 20  # fewer storage requests than this say nothing about storage
 THROTTLED_SHARE = 0.05  # 1 throttled response in 20: the account pushes back
-CPU_BOUND = 0.9  # cores: CPython serves FUSE and the read path mostly on one
+# Cores: CPython serves FUSE and the read path mostly on one, and less than a
+# whole one when saturated: its FUSE threads hand the GIL around (measured by
+# benchmarks/diagnose.py: 8 threads of RAM-served 4 KiB reads kept the daemon
+# at 0.61-0.82 cores, nothing else limiting, ~10 of its threads runnable).
+CPU_BOUND = 0.6
 THREADS_BUSY = 0.9  # read threads busy on average, as a share of the pool
 LOW_LATENCY = 0.2  # seconds per ranged read: storage answers fast
 WINDOW_FULL = 0.5  # share of prefetch offers a full window turned away
@@ -156,7 +160,9 @@ def diagnose(
         )
     blocks = d("blocks_fetched")
     demand = blocks - d("prefetched_blocks")
-    if blocks >= MIN_REQUESTS and demand / blocks >= RANDOM_SHARE:
+    # A full window turns prefetches away, so a sequential reader's blocks are
+    # then read on demand too: that is the window's verdict, not the pattern's.
+    if blocks >= MIN_REQUESTS and demand / blocks >= RANDOM_SHARE and full < WINDOW_FULL:
         if settings.block_based_cache_enabled:
             advice = (
                 "small files: whole-file mode (DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false); "
