@@ -169,3 +169,14 @@ def test_a_sequential_reader_behind_a_full_window_is_not_called_random() -> None
     rnd = reading(5, 180, prefetched_blocks=2, misses=180, prefetch_offers=100,
                   prefetch_window_full=29)  # fmt: skip
     assert keys(snap(0), rnd) == ["random_reads"]
+
+
+def test_a_random_reader_whose_prefetches_fill_the_window_is_random() -> None:
+    # benchmarks/diagnose.py's random_reads scenario: 64 KiB preads of 2 MiB
+    # blocks; the window is full of prefetches never read. The readers used 4%
+    # of the bytes fetched: a larger window would only waste more.
+    fs = {"reads": 200, "bytes_read": 200 * 65536}
+    after = snap(5, fs=fs, fetch_requests=175, blocks_fetched=175, bytes_fetched=175 << 21,
+                 fetch_us=175 * 27_000, misses=175, prefetch_offers=150,
+                 prefetch_window_full=150)  # fmt: skip
+    assert keys(snap(0), after) == ["random_reads"]
