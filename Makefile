@@ -75,5 +75,10 @@ bench: setup bench-deps
 	$(BIN)/python benchmarks/mount.py
 	$(BIN)/python benchmarks/mltable.py
 
+# Each verdict of the mount diagnosis provoked by a mount set up for it (~5 min).
+.PHONY: bench-diagnose
+bench-diagnose: setup
+	$(BIN)/python benchmarks/diagnose.py $(DIAGNOSE_ARGS)
+
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .demo

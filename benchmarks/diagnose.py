@@ -161,7 +161,7 @@ def reader(path: Path, seconds: float, kind: str, args: list[str]) -> dict[str, 
     def small(index: int) -> None:
         region = min(int(args[2]), total)
         rng = random.Random(index)
-        buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT wants
+        buf: mmap.mmap | None = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT wants
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         except OSError:  # no O_DIRECT: evict the pages every 64 reads instead
