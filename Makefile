@@ -120,5 +120,10 @@ image: image-deps
 image-test: setup image
 	$(BIN)/python scripts/image_test.py --image $(IMAGE) $(IMAGE_TEST_ARGS)
 
+# Each verdict of the mount diagnosis provoked by a mount set up for it (~5 min).
+.PHONY: bench-diagnose
+bench-diagnose: setup
+	$(BIN)/python benchmarks/diagnose.py $(DIAGNOSE_ARGS)
+
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .demo

@@ -143,3 +143,40 @@ def test_the_watch_logs_one_line_when_the_verdict_changes(
     assert len(lines) == 3
     assert lines[1].startswith("/mnt/x: bottleneck: disk-cache queue full, 5 blocks skipped")
     assert watch.rates["seconds"] == 5.0
+
+
+def test_a_saturated_daemon_is_cpu_bound_below_one_core() -> None:
+    # benchmarks/diagnose.py's cpu scenario: 8 threads of 4 KiB reads served from
+    # the RAM tier, no storage request, 0.66 cores (the GIL, not the machine, limits).
+    fs = {"reads": 49_000, "bytes_read": 49_000 * 4096}
+    after = snap(5, cpu=3.3, fs=fs, ram_hits=0, misses=0)
+    (verdict,) = diagnose(snap(0, fs={"reads": 0, "bytes_read": 0}), after, SETTINGS)
+    assert verdict.key == "cpu"
+    assert verdict.line.startswith("CPU-bound: the daemon used 0.66 cores")
+    # A healthy sequential read at 0.4 cores is not.
+    assert keys(snap(0), reading(5, 100, cpu=2.0)) == ["none"]
+
+
+def test_a_sequential_reader_behind_a_full_window_is_not_called_random() -> None:
+    # benchmarks/diagnose.py's read_threads scenario: 1 read thread, 8 sequential
+    # readers; the window turned 94% of prefetches away, so every block was
+    # fetched on demand. The readers are not random: the threads and the window are.
+    after = reading(5, 265, prefetched_blocks=0, misses=650, prefetch_offers=600,
+                    prefetch_window_full=564)  # fmt: skip
+    got = keys(snap(0), after, Settings.from_env({"DATASET_MOUNT_READ_THREADS": "1"}, cpu_count=2))
+    assert got == ["read_threads", "prefetch_window"]
+    # Random preads whose window was mostly free still are.
+    rnd = reading(5, 180, prefetched_blocks=2, misses=180, prefetch_offers=100,
+                  prefetch_window_full=29)  # fmt: skip
+    assert keys(snap(0), rnd) == ["random_reads"]
+
+
+def test_a_random_reader_whose_prefetches_fill_the_window_is_random() -> None:
+    # benchmarks/diagnose.py's random_reads scenario: 64 KiB preads of 2 MiB
+    # blocks; the window is full of prefetches never read. The readers used 4%
+    # of the bytes fetched: a larger window would only waste more.
+    fs = {"reads": 200, "bytes_read": 200 * 65536}
+    after = snap(5, fs=fs, fetch_requests=175, blocks_fetched=175, bytes_fetched=175 << 21,
+                 fetch_us=175 * 27_000, misses=175, prefetch_offers=150,
+                 prefetch_window_full=150)  # fmt: skip
+    assert keys(snap(0), after) == ["random_reads"]

@@ -27,11 +27,20 @@ log = logging.getLogger("datamount.daemon")
 # Thresholds, per evaluation interval (5 s by default).
 MIN_REQUESTS = 20  # fewer storage requests than this say nothing about storage
 THROTTLED_SHARE = 0.05  # 1 throttled response in 20: the account pushes back
-CPU_BOUND = 0.9  # cores: CPython serves FUSE and the read path mostly on one
+# Cores: CPython serves FUSE and the read path mostly on one, and less than a
+# whole one when saturated: its FUSE threads hand the GIL around (measured by
+# benchmarks/diagnose.py: 8 threads of RAM-served 4 KiB reads kept the daemon
+# at 0.61-0.82 cores, nothing else limiting, ~10 of its threads runnable).
+CPU_BOUND = 0.6
 THREADS_BUSY = 0.9  # read threads busy on average, as a share of the pool
 LOW_LATENCY = 0.2  # seconds per ranged read: storage answers fast
 WINDOW_FULL = 0.5  # share of prefetch offers a full window turned away
 RANDOM_SHARE = 0.7  # share of fetched blocks read on demand (not prefetched)
+# Share of the fetched bytes the readers read: about 1 for sequential readers, a
+# block's fraction for random ones (64 KiB preads of 2 MiB blocks: 0.04). A
+# random reader fills the window with prefetches it never reads; a larger window
+# is then not the advice.
+USED_SHARE = 0.5
 MIN_INTERVAL = 1.0  # seconds: a shorter interval is noise
 
 
@@ -143,7 +152,9 @@ def diagnose(
         )
     offers = d("prefetch_offers")
     full = d("prefetch_window_full") / offers if offers else 0.0
-    if full >= WINDOW_FULL and d("misses") > 0:
+    fetched = d("bytes_fetched")
+    used = _delta(before, after, "fs", "bytes_read") / fetched if fetched else 1.0
+    if full >= WINDOW_FULL and d("misses") > 0 and used >= USED_SHARE:
         found.append(
             Verdict(
                 "prefetch_window",
@@ -156,7 +167,11 @@ def diagnose(
         )
     blocks = d("blocks_fetched")
     demand = blocks - d("prefetched_blocks")
-    if blocks >= MIN_REQUESTS and demand / blocks >= RANDOM_SHARE:
+    # A full window turns prefetches away, so a sequential reader's blocks are
+    # then read on demand too: when the readers read what was fetched, that is
+    # the window's verdict (or the threads'), not the pattern's.
+    sequential = full >= WINDOW_FULL and used >= USED_SHARE
+    if blocks >= MIN_REQUESTS and demand / blocks >= RANDOM_SHARE and not sequential:
         if settings.block_based_cache_enabled:
             advice = (
                 "small files: whole-file mode (DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=false); "
