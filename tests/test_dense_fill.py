@@ -189,6 +189,31 @@ def test_a_tight_budget_still_fills_in_runs() -> None:
         rig.close()
 
 
+def test_no_prefetch_window_means_no_fill() -> None:
+    """DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT=0: every read looks random, and
+    a fill is a prefetch: none."""
+    store = MemoryStore({"f": DATA})
+    stats = MountStats()
+    scheduler = Scheduler(2)
+    fetcher = BlockFetcher(store, DictCache(), BS, scheduler, stats, memory_budget=BS)
+    dense = DenseFill(fetcher, stats, lambda: 1 << 40)
+    reader = BlockReader(fetcher, BS, 0, dense=dense)
+    try:
+        handle = reader.open(object_id(store, "f"))
+        order = list(range(1, NBLOCKS, 2))  # half the blocks, in a random order
+        random.Random(1).shuffle(order)
+        for i in order:
+            assert handle.read(i * BS, 10) == DATA[i * BS : i * BS + 10]
+        handle.close()
+        assert dense.wait_idle()
+        assert stats.snapshot()["dense_fills"] == 0
+        assert stats.snapshot()["bytes_fetched"] == sum(len(DATA[i * BS :][:BS]) for i in order)
+    finally:
+        dense.close()
+        reader.close()
+        scheduler.close()
+
+
 def test_without_a_cache_the_fill_is_skipped_cheaply() -> None:
     """NoCache: a fill would throw its blocks away; with capacity 0 nothing fits."""
     store = MemoryStore({"f": DATA})

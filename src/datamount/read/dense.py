@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -46,8 +47,11 @@ FIT_SHARE = 0.5
 # read dropped first): a policy is ~100 bytes plus a byte per block.
 MAX_TRACKED = 256
 # A fill that cannot start a run (budget or disk queue full, nothing of its
-# own in flight to wait for) looks again after this long.
+# own in flight to wait for) looks again after this long, and gives up after
+# STALLED_SECONDS of that (other readers' unread prefetches hold the budget
+# for up to 30 s, cache/held.py's HOLD_SECONDS).
 POLL_SECONDS = 0.02
+STALLED_SECONDS = 60.0
 
 
 class DenseFill:
@@ -134,6 +138,7 @@ class DenseFill:
         run = self.fetcher.run_blocks
         pending: set[Future[bytes]] = set()
         pos = 0
+        stalled_since: float | None = None
         while pos < len(keys) and not self._closed:
             chunk = keys[pos : pos + run]
             taken = 0
@@ -141,9 +146,20 @@ class DenseFill:
                 taken, futures = self.fetcher.fill(chunk)
                 pending.update(futures)
                 pos += taken
+            if taken:
+                stalled_since = None
             if taken == len(chunk):
                 continue
             if not pending:  # the budget is held by others: look again soon
+                now = time.monotonic()
+                stalled_since = now if stalled_since is None else stalled_since
+                if now - stalled_since > STALLED_SECONDS:
+                    log.debug(
+                        "dense fill of %s given up: no room for %.0f s",
+                        obj.key,
+                        now - stalled_since,
+                    )
+                    return
                 with self._cond:
                     self._cond.wait_for(lambda: self._closed, POLL_SECONDS)
                 continue

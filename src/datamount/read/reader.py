@@ -107,7 +107,8 @@ class BlockHandle:
     ) -> None:
         self.fetcher = fetcher
         self.obj = obj
-        self._dense = dense
+        # Without a prefetch window (max_window 0) every read looks random: no fill.
+        self._dense = dense if max_window > 0 else None
         self.block_size = block_size
         # Prefetches go out in batches of one request's worth of blocks.
         self._policy = PrefetchPolicy(
