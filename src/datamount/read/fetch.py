@@ -16,6 +16,8 @@ from storage, fetched at most once at a time.
   fetched together, up to RUN_BYTES per ranged GET, then split into blocks:
   each block still has its own flight (single flight, held and cached per
   block), the blocks of one run share the request and its scheduler ticket.
+  `fill(keys)` is the same for a dense fill (read/dense.py), whose blocks go
+  to the cache and give their budget back instead of being held until read.
 - Memory budget: the PREFETCH area of the mount's MemoryBudget (budget.py),
   shared by every open file of the mount, bounds the bytes this fetcher
   owns: prefetches queued or in flight, prefetched blocks not yet read, and
