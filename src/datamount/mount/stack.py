@@ -6,7 +6,8 @@ The read path, from Settings: BlockFetcher (single flight, two-lane
 Scheduler) → TieredCache (RAM LRU ▸ disk blocks) → BlockReader with adaptive
 prefetch, or the WholeFileReader over it when
 DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED is false. In block mode, the
-file-ahead prefetcher (read.ahead) watches the opens and takes loader hints.
+file-ahead prefetcher (read.ahead) watches the opens and takes loader hints,
+and DenseFill (read.dense) fills files whose random reads became dense.
 
 Threads: owns the threads it starts (scheduler workers, disk-cache writers,
 upload workers) and stops them in `Stack.close()`.
@@ -18,6 +19,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,7 @@ from datamount.read.cache.base import BlockCache, NoCache
 from datamount.read.cache.disk import DiskCache
 from datamount.read.cache.memory import MemoryCache
 from datamount.read.cache.tiered import TieredCache
+from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.reader import BlockReader, Reader, ReadHandle
@@ -120,11 +123,13 @@ def build_reader(
     cache = TieredCache(ram, disk, stats)
     scheduler = Scheduler(settings.read_threads)
     fetcher = BlockFetcher(store, cache, settings.read_block_size, scheduler, stats, budget=budget)
+    block_mode = settings.block_based_cache_enabled
+    dense = DenseFill(fetcher, stats, lambda: cache_capacity(settings)) if block_mode else None
     reader: Reader = BlockReader(
-        fetcher, settings.read_block_size, settings.read_buffer_block_count
+        fetcher, settings.read_block_size, settings.read_buffer_block_count, dense=dense
     )
     mode = "block"
-    if not settings.block_based_cache_enabled:
+    if not block_mode:
         options = DownloadOptions(
             threads=settings.downloader_threads,
             reserved_free_disk_space=settings.reserved_free_disk_space,
@@ -151,10 +156,20 @@ def build_reader(
         "on" if settings.block_file_cache_enabled else "off",
         budget.describe(),
     )
-    block_mode = settings.block_based_cache_enabled
-    return MountReader(
-        reader, [scheduler.close, cache.close], budget, fetcher if block_mode else None
-    )
+    closers = [scheduler.close, cache.close]
+    if dense is not None:
+        closers.insert(0, dense.close)
+    return MountReader(reader, closers, budget, fetcher if block_mode else None)
+
+
+def cache_capacity(settings: Settings) -> int:
+    """The bytes the block cache can hold now: the RAM tier plus what the
+    disk tier may take of its filesystem (DenseFill's "fits the cache")."""
+    total = settings.memory_cache_size
+    if settings.block_file_cache_enabled:
+        st = os.statvfs(settings.cache_dir)
+        total += settings.cache_limit(st.f_bavail * st.f_frsize, 0)
+    return total
 
 
 def memory_budget(

@@ -16,6 +16,8 @@ from storage, fetched at most once at a time.
   fetched together, up to RUN_BYTES per ranged GET, then split into blocks:
   each block still has its own flight (single flight, held and cached per
   block), the blocks of one run share the request and its scheduler ticket.
+  `fill(keys)` is the same for a dense fill (read/dense.py), whose blocks go
+  to the cache and give their budget back instead of being held until read.
 - Memory budget: the PREFETCH area of the mount's MemoryBudget (budget.py),
   shared by every open file of the mount, bounds the bytes this fetcher
   owns: prefetches queued or in flight, prefetched blocks not yet read, and
@@ -70,6 +72,7 @@ class _Flight:
     prefetch: bool  # started by prefetch(): holds `size` bytes of the PREFETCH area
     wanted: bool  # a reader waits for it
     urgent: bool  # a demand reader waits for it: it belongs on the demand lane
+    fill: bool = False  # a dense fill's (fill()): into the cache only, never held unread
     future: Future[bytes] = field(default_factory=Future)
     ticket: Ticket | None = None
     run: list[_Flight] = field(default_factory=list)  # the flights sharing its request
@@ -178,9 +181,20 @@ class BlockFetcher:
         offered again later. A run is admitted whole or not at all, so a
         tight budget delays requests rather than splitting them into single
         blocks."""
+        return self._schedule(keys, fill=False)[0]
+
+    def fill(self, keys: list[BlockKey]) -> tuple[int, list[Future[bytes]]]:
+        """`prefetch_many` for a dense fill (read/dense.py): the blocks go
+        to the cache and give their bytes of the budget back once there,
+        instead of being held until read. Returns how many keys are taken
+        care of and the futures of the fetches it started."""
+        taken, flights = self._schedule(keys, fill=True)
+        return taken, [f.future for f in flights]
+
+    def _schedule(self, keys: list[BlockKey], *, fill: bool) -> tuple[int, list[_Flight]]:
         with self._lock:
             if self._closed:
-                return 0
+                return 0, []
             todo = [not self._known(k) for k in keys]
         # Cache lookups outside the lock (the disk tier's may stat a file).
         todo = [t and not self._cache_contains(k) for t, k in zip(todo, keys, strict=True)]
@@ -205,7 +219,7 @@ class BlockFetcher:
                     full = True
                     break
                 flights = [
-                    _Flight(k, n, prefetch=True, wanted=False, urgent=False)
+                    _Flight(k, n, prefetch=True, wanted=False, urgent=False, fill=fill)
                     for k, n in zip(run, sizes, strict=True)
                 ]
                 for flight in flights:
@@ -215,7 +229,7 @@ class BlockFetcher:
         for flights in runs:
             self._submit(flights, demand=False)
         self.stats.add(prefetch_offers=1, prefetch_window_full=int(full))
-        return taken
+        return taken, [f for flights in runs for f in flights]
 
     def _known(self, key: BlockKey) -> bool:
         """Held, in flight, or empty (past the end): nothing to fetch. Lock held."""
@@ -314,6 +328,7 @@ class BlockFetcher:
             blocks_fetched=len(flights),
             bytes_fetched=length,
             prefetched_blocks=sum(f.prefetch for f in flights),
+            filled_blocks=sum(f.fill for f in flights),
         )
         for flight, data in zip(flights, datas, strict=True):
             self._complete(flight, data)
@@ -329,7 +344,7 @@ class BlockFetcher:
             log.exception("cache put of %s block %d failed", key.obj.key, key.index)
         with self._lock:
             # An unread prefetch keeps its bytes of the budget: they now hold the block.
-            keep = flight.prefetch and not flight.wanted and not self._closed
+            keep = flight.prefetch and not flight.wanted and not flight.fill and not self._closed
             if not self._forget(flight, release=not keep) or self._closed:
                 return  # closed: the hold is cleared and takes nothing more
             if flight.wanted:

@@ -12,6 +12,9 @@ are positional, there is no shared file position.
   of them at once, so a read spanning blocks fetches them in parallel), tells
   its handle's PrefetchPolicy what it read and schedules the blocks the policy
   wants ahead, then waits for its own blocks only and assembles the bytes.
+  A read outside a sequential stream is also reported to the mount's
+  DenseFill (read/dense.py), which fills the rest of a file whose random
+  reads became dense.
   Consistency: every block is keyed by the handle's etag, so a read returns
   bytes of that one version; once the object changes, a read that needs a
   block not yet fetched fails with ESTALE (blocks already held or cached keep
@@ -32,6 +35,7 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from datamount.read.blocks import BlockKey, ObjectId, block_count, blocks_for
+from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.policy import PrefetchPolicy, reorder_slack
 from datamount.storage.base import ObjectStore
@@ -94,10 +98,17 @@ class BlockHandle:
     """One open file in block mode, with its own prefetch window."""
 
     def __init__(
-        self, fetcher: BlockFetcher, obj: ObjectId, block_size: int, max_window: int
+        self,
+        fetcher: BlockFetcher,
+        obj: ObjectId,
+        block_size: int,
+        max_window: int,
+        dense: DenseFill | None = None,
     ) -> None:
         self.fetcher = fetcher
         self.obj = obj
+        # Without a prefetch window (max_window 0) every read looks random: no fill.
+        self._dense = dense if max_window > 0 else None
         self.block_size = block_size
         # Prefetches go out in batches of one request's worth of blocks.
         self._policy = PrefetchPolicy(
@@ -141,7 +152,10 @@ class BlockHandle:
         futures = [self.fetcher.start(BlockKey(self.obj, i)) for i in blocks]
         with self._lock:
             ahead = self._policy.on_read(blocks[0], blocks[-1])
+            random = self._policy.window == 0
         self._prefetch(ahead)
+        if random and self._dense is not None:
+            self._dense.on_random_read(self.obj, blocks[0], blocks[-1])
         end = offset + min(size, self.obj.size - offset)
         return self._slices(blocks, futures, offset, end)
 
@@ -175,11 +189,19 @@ class BlockHandle:
 class BlockReader:
     """Block mode: reads through the BlockFetcher with adaptive prefetch.
 
-    `max_window` is DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT. Closing the reader
-    closes its fetcher (the scheduler, cache and store belong to the
-    composition root)."""
+    `max_window` is DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT; `dense`, the
+    mount's DenseFill (None: random readers stay on demand). Closing the
+    reader closes its fetcher (the scheduler, cache, store and DenseFill
+    belong to the composition root)."""
 
-    def __init__(self, fetcher: BlockFetcher, block_size: int, max_window: int) -> None:
+    def __init__(
+        self,
+        fetcher: BlockFetcher,
+        block_size: int,
+        max_window: int,
+        *,
+        dense: DenseFill | None = None,
+    ) -> None:
         if block_size != fetcher.block_size:
             raise ValueError(
                 f"block size {block_size} differs from the fetcher's {fetcher.block_size}"
@@ -187,9 +209,10 @@ class BlockReader:
         self.fetcher = fetcher
         self.block_size = block_size
         self.max_window = max_window
+        self.dense = dense
 
     def open(self, obj: ObjectId) -> ReadHandle:
-        return BlockHandle(self.fetcher, obj, self.block_size, self.max_window)
+        return BlockHandle(self.fetcher, obj, self.block_size, self.max_window, self.dense)
 
     def close(self) -> None:
         self.fetcher.close()

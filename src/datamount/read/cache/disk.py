@@ -12,8 +12,8 @@ two-level layout found at start are removed.
 Blocks of another etag live under other names, so a handle pinned to the old
 version and one on the new version both cache without evicting each other.
 
-File format (FORMAT_VERSION 1): HEADER (magic, format version, lengths of the
-UTF-8 store/key/etag, block index, object size, data length, crc32 of the
+File format (FORMAT_VERSION 2): HEADER (magic, format version, lengths of the
+UTF-8 store/key/etag, block index, object size, data length, XXH3-64 of the
 data), then store, key and etag, then the data. `get` checks every field
 against the key it was asked for, the file size and the checksum: a corrupt,
 truncated, foreign-version or other-format file is a miss and is removed. No
@@ -65,10 +65,11 @@ import os
 import shutil
 import struct
 import threading
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
+
+import xxhash
 
 from datamount.budget import DISK_QUEUE, MemoryBudget
 from datamount.read.blocks import BlockKey, ObjectId
@@ -77,10 +78,13 @@ from datamount.read.stats import MountStats
 log = logging.getLogger("datamount.read.cache.disk")
 
 MAGIC = b"DMBLOCK\n"
-FORMAT_VERSION = 1
+# 2: the checksum is XXH3-64. Version 1 had zlib.crc32: 3.7 GB/s of CPU on this
+# VM, 0.29 CPU-s per GiB written and again per GiB read back (writing 512 MiB of
+# 2 MiB blocks: 0.37 -> 0.28 CPU-s; reading them: 0.23 -> 0.10); XXH3 46 GB/s.
+FORMAT_VERSION = 2
 # magic, format version, len(store), len(key), len(etag), block index, object size,
-# data length, crc32(data); then store, key, etag (UTF-8), then the data.
-HEADER = struct.Struct("<8sHIIIQQQI")
+# data length, xxh3_64(data); then store, key, etag (UTF-8), then the data.
+HEADER = struct.Struct("<8sHIIIQQQQ")
 SUFFIX = ".blk"
 TMP_DIR = "tmp"
 _INDEX_CHUNK = 4096  # entries inserted per lock hold while indexing: gets wait < 5 ms
@@ -109,8 +113,13 @@ def block_name(key: BlockKey) -> str:
 def encode_header(key: BlockKey, data: bytes) -> bytes:
     store, name, etag = _identity(key.obj)
     lengths = (len(store), len(name), len(etag))
-    fields = (key.index, key.obj.size, len(data), zlib.crc32(data))
+    fields = (key.index, key.obj.size, len(data), checksum(data))
     return HEADER.pack(MAGIC, FORMAT_VERSION, *lengths, *fields) + store + name + etag
+
+
+def checksum(data: bytes) -> int:
+    """The XXH3-64 of a block's data, as its header keeps it."""
+    return xxhash.xxh3_64_intdigest(data)
 
 
 def _free_bytes(root: Path) -> int:
@@ -312,7 +321,7 @@ class DiskCache:
             if f.read(n_store + n_name + n_etag) != store + name + etag:
                 return None
             data = f.read(length)
-        if len(data) != length or zlib.crc32(data) != crc:
+        if len(data) != length or checksum(data) != crc:
             return None
         return data, file_size
 
@@ -349,7 +358,7 @@ class DiskCache:
         self.budget.release(DISK_QUEUE, size)
 
     def _write(self, name: str, key: BlockKey, data: bytes) -> None:
-        header = encode_header(key, data)  # the crc32 runs here, off the reader's path
+        header = encode_header(key, data)  # the checksum runs here, off the reader's path
         total = len(header) + len(data)
         if self._closing or not self._reserve(name, total):
             return

@@ -1,0 +1,302 @@
+"""Dense fill: the pure policy (random reads in, fill decision out), then
+DenseFill over a real BlockFetcher and an in-memory store: a dense random
+reader gets the whole file fetched once, a sparse one stays on demand
+(bytes fetched <= 2 x distinct blocks touched), sequential readers and files
+that do not fit the cache are never filled, and the fill's blocks give their
+budget back."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from datamount.read.cache.base import NoCache
+from datamount.read.dense import DenseFill
+from datamount.read.fetch import BlockFetcher
+from datamount.read.prefetch.dense import FILL_SHARE, DensePolicy
+from datamount.read.prefetch.scheduler import Scheduler
+from datamount.read.reader import BlockReader
+from datamount.read.stats import MountStats
+from datamount.storage.memory import MemoryStore
+from faultproxy import FaultProxy
+from fuse_helpers import Mounts, wait_for
+from test_mount_blocks import BS as MBS
+from test_mount_blocks import env_for, folder_spec, mount_ok, read_direct, unmount_ok
+from test_reader_fakes import DictCache, object_id, source
+
+BS = 1024
+NBLOCKS = 256
+DATA = source(NBLOCKS * BS - 100)  # the last block short
+
+# -- the policy ----------------------------------------------------------------
+
+
+def test_fills_the_untouched_blocks_once_half_are_touched() -> None:
+    policy = DensePolicy(10, fits=True)
+    assert policy.threshold == 5
+    for i in (0, 2, 4, 6):
+        assert policy.on_read(i, i) == []
+    assert policy.on_read(6, 6) == []  # a block read again is not a new one
+    assert policy.on_read(8, 8) == [1, 3, 5, 7, 9]
+    assert policy.filled
+    assert policy.on_read(1, 9) == []  # decided once
+
+
+def test_a_read_spanning_blocks_touches_each() -> None:
+    policy = DensePolicy(8, fits=True)
+    assert policy.on_read(2, 4) == []
+    assert policy.touched == 3
+    assert policy.on_read(6, 20) == [0, 1, 5]  # clipped to the file
+
+
+def test_never_fills_a_file_that_does_not_fit_or_is_tiny() -> None:
+    big = DensePolicy(10, fits=False)
+    assert all(big.on_read(i, i) == [] for i in range(10))
+    tiny = DensePolicy(3, fits=True)  # fewer blocks than MIN_TOUCHED
+    assert all(tiny.on_read(i, i) == [] for i in range(3))
+
+
+@given(st.integers(1, 300), st.lists(st.integers(0, 299), max_size=400))
+def test_a_fill_never_costs_more_than_the_reads_paid(n: int, reads: list[int]) -> None:
+    """Whatever the reads: blocks filled <= blocks touched before the fill,
+    so demand + fill <= 2 x distinct blocks touched; each block once."""
+    policy = DensePolicy(n, fits=True)
+    seen: set[int] = set()
+    for r in reads:
+        b = r % n
+        seen.add(b)
+        rest = policy.on_read(b, b)
+        if rest:
+            assert len(rest) <= len(seen)
+            assert len(seen) >= FILL_SHARE * n
+            assert sorted(set(rest) | seen) == list(range(n)) and not set(rest) & seen
+
+
+# -- DenseFill over a real fetcher -------------------------------------------------
+
+
+class Rig:
+    def __init__(self, *, capacity: int = 10 * len(DATA), budget: int = 32 * BS) -> None:
+        self.store = MemoryStore({"f": DATA})
+        self.cache = DictCache()
+        self.stats = MountStats()
+        self.scheduler = Scheduler(4)
+        self.fetcher = BlockFetcher(
+            self.store, self.cache, BS, self.scheduler, self.stats,
+            memory_budget=budget, run_bytes=4 * BS,
+        )  # fmt: skip
+        self.dense = DenseFill(self.fetcher, self.stats, lambda: capacity)
+        self.reader = BlockReader(self.fetcher, BS, 8, dense=self.dense)
+        self.obj = object_id(self.store, "f")
+
+    def close(self) -> None:
+        self.dense.close()
+        self.reader.close()
+        self.scheduler.close()
+
+
+@pytest.fixture
+def rig() -> Iterator[Rig]:
+    made = Rig()
+    yield made
+    made.close()
+
+
+def random_reads(rig: Rig, count: int, seed: int = 3) -> set[int]:
+    """`count` random 100-byte preads away from block 0; the blocks touched."""
+    r = random.Random(seed)
+    handle = rig.reader.open(rig.obj)
+    touched = set()
+    try:
+        for _ in range(count):
+            off = r.randrange(BS, len(DATA) - 100)
+            assert handle.read(off, 100) == DATA[off : off + 100]
+            touched.add(off // BS)
+    finally:
+        handle.close()
+    return touched
+
+
+def test_a_dense_random_reader_gets_the_whole_file_once(rig: Rig) -> None:
+    random_reads(rig, 1000)  # touches nearly every block
+    assert rig.dense.wait_idle()
+    snap = rig.stats.snapshot()
+    assert snap["dense_fills"] == 1
+    assert snap["bytes_fetched"] == len(DATA)  # every block once: demand + fill
+    assert snap["filled_blocks"] > 0
+    assert len(rig.cache.blocks) == NBLOCKS
+    # Filled blocks went to the cache and gave their bytes back.
+    assert rig.fetcher.memory_in_use() <= rig.fetcher.memory_budget
+    assert rig.fetcher.budget.in_use() == rig.fetcher.memory_in_use()
+
+
+def test_the_fill_is_read_through_the_cache_afterwards(rig: Rig) -> None:
+    random_reads(rig, 400)
+    assert rig.dense.wait_idle()
+    fetched = rig.stats.snapshot()["bytes_fetched"]
+    handle = rig.reader.open(rig.obj)
+    assert handle.read(0, len(DATA)) == DATA
+    handle.close()
+    assert rig.stats.snapshot()["bytes_fetched"] == fetched == len(DATA)
+
+
+def test_a_sparse_random_reader_stays_on_demand(rig: Rig) -> None:
+    # 200 preads over 1 GiB of 2 MiB blocks (512) is 200 over 256 here: 10 % of reads.
+    touched = random_reads(rig, 50)
+    assert rig.dense.wait_idle()
+    snap = rig.stats.snapshot()
+    assert snap["dense_fills"] == 0 and snap["filled_blocks"] == 0
+    assert snap["bytes_fetched"] <= 2 * len(touched) * BS
+
+
+def test_a_sequential_reader_is_never_filled(rig: Rig) -> None:
+    handle = rig.reader.open(rig.obj)
+    for off in range(0, len(DATA), 300):
+        assert handle.read(off, 300) == DATA[off : off + 300]
+    handle.close()
+    assert rig.dense.wait_idle()
+    snap = rig.stats.snapshot()
+    assert snap["dense_fills"] == 0
+    assert snap["bytes_fetched"] == len(DATA)
+
+
+def test_a_file_larger_than_its_share_of_the_cache_is_not_filled() -> None:
+    rig = Rig(capacity=len(DATA))  # the file would take the whole cache
+    try:
+        random_reads(rig, 1000)
+        assert rig.dense.wait_idle()
+        snap = rig.stats.snapshot()
+        assert snap["dense_fills"] == 0 and snap["filled_blocks"] == 0
+    finally:
+        rig.close()
+
+
+def test_a_tight_budget_still_fills_in_runs() -> None:
+    rig = Rig(budget=4 * BS)  # the prefetch share takes 3 blocks: runs of 3
+    try:
+        random_reads(rig, 1000)
+        assert rig.dense.wait_idle()
+        snap = rig.stats.snapshot()
+        assert snap["bytes_fetched"] == len(DATA)
+        assert rig.fetcher.budget.in_use() <= rig.fetcher.memory_budget
+    finally:
+        rig.close()
+
+
+def test_no_prefetch_window_means_no_fill() -> None:
+    """DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT=0: every read looks random, and
+    a fill is a prefetch: none."""
+    store = MemoryStore({"f": DATA})
+    stats = MountStats()
+    scheduler = Scheduler(2)
+    fetcher = BlockFetcher(store, DictCache(), BS, scheduler, stats, memory_budget=BS)
+    dense = DenseFill(fetcher, stats, lambda: 1 << 40)
+    reader = BlockReader(fetcher, BS, 0, dense=dense)
+    try:
+        handle = reader.open(object_id(store, "f"))
+        order = list(range(1, NBLOCKS, 2))  # half the blocks, in a random order
+        random.Random(1).shuffle(order)
+        for i in order:
+            assert handle.read(i * BS, 10) == DATA[i * BS : i * BS + 10]
+        handle.close()
+        assert dense.wait_idle()
+        assert stats.snapshot()["dense_fills"] == 0
+        assert stats.snapshot()["bytes_fetched"] == sum(len(DATA[i * BS :][:BS]) for i in order)
+    finally:
+        dense.close()
+        reader.close()
+        scheduler.close()
+
+
+def test_without_a_cache_the_fill_is_skipped_cheaply() -> None:
+    """NoCache: a fill would throw its blocks away; with capacity 0 nothing fits."""
+    store = MemoryStore({"f": DATA})
+    stats = MountStats()
+    scheduler = Scheduler(2)
+    fetcher = BlockFetcher(store, NoCache(), BS, scheduler, stats, memory_budget=8 * BS)
+    dense = DenseFill(fetcher, stats, lambda: 0)
+    reader = BlockReader(fetcher, BS, 8, dense=dense)
+    try:
+        handle = reader.open(object_id(store, "f"))
+        for i in range(1, NBLOCKS):
+            handle.read(i * BS, 10)
+        handle.close()
+        assert dense.wait_idle()
+        assert stats.snapshot()["dense_fills"] == 0
+    finally:
+        dense.close()
+        reader.close()
+        scheduler.close()
+
+
+# -- through FUSE, over Azurite --------------------------------------------------
+
+
+def _gets_bytes(proxy: FaultProxy, name: str) -> int:
+    spans = (g.range.split("=")[1].split("-") for g in proxy.ranged_gets(name))
+    return sum(int(hi) - int(lo) + 1 for lo, hi in spans)
+
+
+def _random_preads(path: Path, body: bytes, count: int, bs: int, seed: int) -> set[int]:
+    """`count` O_DIRECT 4 KiB preads away from block 0; the blocks touched."""
+    r = random.Random(seed)
+    touched: set[int] = set()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        for _ in range(count):
+            off = r.randrange(bs, len(body) - 8192)
+            off -= off % 4096
+            assert os.pread(fd, 4096, off) == body[off : off + 4096]
+            touched.add(off // bs)
+    finally:
+        os.close(fd)
+    return touched
+
+
+def test_mount_dense_random_reader_fetches_the_file_once(
+    azurite,
+    container,
+    tmp_path: Path,
+    mounts: Mounts,
+    proxy: FaultProxy,  # noqa: ANN001
+) -> None:
+    body = random.Random(11).randbytes(128 * MBS)  # 8 MiB, 128 blocks of 64 KiB
+    azurite.seed(container, {"ds/dense.bin": body})
+    env = env_for(azurite, tmp_path, container, via=proxy)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(folder_spec(tmp_path), mp, env)
+    _random_preads(mp / "dense.bin", body, 400, MBS, seed=5)
+    # The fill finishes in the background: every byte of the file, once.
+    assert wait_for(lambda: _gets_bytes(proxy, "ds/dense.bin") >= len(body), 30)
+    assert read_direct(mp / "dense.bin") == body  # served by the cache: no GET more
+    stats = unmount_ok(mounts, mp, env)["cache"]
+    assert stats["dense_fills"] == 1 and stats["filled_blocks"] > 0, stats
+    assert stats["bytes_fetched"] == _gets_bytes(proxy, "ds/dense.bin") == len(body), stats
+    # In parallel ranges: far fewer requests than blocks.
+    assert len(proxy.ranged_gets("ds/dense.bin")) < 128
+
+
+def test_mount_sparse_random_reader_stays_on_demand(
+    azurite,
+    container,
+    tmp_path: Path,
+    mounts: Mounts,
+    proxy: FaultProxy,  # noqa: ANN001
+) -> None:
+    # 200 preads over 1 GiB of 2 MiB blocks (512), in proportion: 100 over 256 blocks.
+    body = random.Random(12).randbytes(256 * MBS)
+    azurite.seed(container, {"ds/sparse.bin": body})
+    env = env_for(azurite, tmp_path, container, via=proxy)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(folder_spec(tmp_path), mp, env)
+    touched = _random_preads(mp / "sparse.bin", body, 100, MBS, seed=6)
+    stats = unmount_ok(mounts, mp, env)["cache"]
+    assert stats["dense_fills"] == 0 and stats["filled_blocks"] == 0, stats
+    assert stats["bytes_fetched"] <= 2 * len(touched) * MBS, (len(touched), stats)
+    assert _gets_bytes(proxy, "ds/sparse.bin") == stats["bytes_fetched"]
