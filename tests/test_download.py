@@ -541,7 +541,9 @@ def test_small_file_groups_are_made_durable_by_one_syncfs_before_their_renames(
     assert tree(tmp_path) == expected(blobs, "s/")
     assert [n for k, n in events if k == "fsync" and n.endswith(".part")] == [".big.bin.part"]
     assert {n for k, n in events if k == "syncfs"} == {str(tmp_path)}
-    assert 1 < sum(1 for k, _ in events if k == "syncfs") <= 3  # 21 small files, groups of >= 8
+    # 21 small files in groups of up to 8: 3 full-group commits, plus one when every
+    # file in flight waits for a commit (timing decides whether that happens once more)
+    assert 1 < sum(1 for k, _ in events if k == "syncfs") <= 21 // 4
     last_write: dict[str, int] = {}
     for index, (kind, name) in enumerate(events):
         if kind == "write":

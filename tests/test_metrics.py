@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fuse_helpers import EXE, Mounts, datamount, mount_env, spec_file
+from fuse_helpers import EXE, Mounts, datamount, mount_env, spec_file, wait_for
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -58,6 +58,8 @@ def test_a_mount_exports_its_counters_at_the_metrics_url(
     for name, body in data.items():
         assert (mp / name).read_bytes() == body
 
+    # close(2) returns before the kernel's RELEASE reaches the daemon: wait for it
+    assert wait_for(lambda: scrape(url)[("datamount_open_handles", ())] == 0)
     after = scrape(url)
     total = sum(len(b) for b in data.values())
     assert after[("datamount_storage_bytes_total", ())] == total
