@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -213,7 +212,7 @@ def _mount(ctx: Context, args: argparse.Namespace) -> None:
 def _run_job(args: argparse.Namespace) -> int:
     """`run`: check the job with settings from the environment plus the job's
     environment_variables, then run it in its working folder, logging there."""
-    from datamount import jobrun
+    from datamount import jobenv, jobrun
     from datamount.pipeline import commands
 
     kind = commands.file_kind(Path(args.job))
@@ -233,13 +232,9 @@ def _run_job(args: argparse.Namespace) -> int:
         return _fail(exc)
     temporary = args.workdir is None
     try:
-        if temporary:
-            workdir = Path(tempfile.mkdtemp(prefix=f"datamount-{run_name}-"))
-        else:
-            workdir = Path(args.workdir).resolve()
-            workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return _fail(DatamountError(f"--workdir {args.workdir}: {exc.strerror or exc}"))
+        workdir = jobenv.make_workdir(args.workdir, run_name)
+    except DatamountError as exc:
+        return _fail(exc)
     log_dir = args.log_dir or workdir / "system_logs" / "data_capability"
     settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=log_dir)
     _start_logging(settings, "run")

@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from datamount import runhistory
 from datamount.context import Context
-from datamount.errors import InvalidInput, SpecError
+from datamount.errors import DatamountError, InvalidInput, SpecError
 from datamount.spec import REFERENCE, DataInput, JobSpec
 from datamount.uris import LocationKind
 
@@ -28,6 +29,19 @@ log = logging.getLogger("datamount.run")
 INPUT_PREFIX = "AZURE_ML_INPUT_"
 OUTPUT_PREFIX = "AZURE_ML_OUTPUT_"
 RUN_ID = "AZUREML_RUN_ID"
+
+
+def make_workdir(workdir: str | None, run: str) -> Path:
+    """A job's working folder: `--workdir DIR` (made when missing), or a new
+    temporary folder named after the run. One DatamountError line when it cannot be made."""
+    try:
+        if workdir is None:
+            return Path(tempfile.mkdtemp(prefix=f"datamount-{run}-"))
+        path = Path(workdir).resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    except OSError as exc:
+        raise DatamountError(f"--workdir {workdir}: {exc.strerror or exc}") from None
 
 
 def command_env(environ: Mapping[str, str], values: Mapping[str, str], run: str) -> dict[str, str]:

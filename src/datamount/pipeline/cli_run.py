@@ -11,11 +11,10 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from datamount import jobrun
+from datamount import jobenv, jobrun
 from datamount.context import Context
 from datamount.errors import EXIT_OK, DatamountError, SettingsError
 from datamount.pipeline.commands import prepare_run
@@ -45,13 +44,9 @@ def run_pipeline(
         return fail(exc)
     temporary = args.workdir is None
     try:
-        if temporary:
-            workdir = Path(tempfile.mkdtemp(prefix=f"datamount-{run}-"))
-        else:
-            workdir = Path(args.workdir).resolve()
-            workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return fail(DatamountError(f"--workdir {args.workdir}: {exc.strerror or exc}"))
+        workdir = jobenv.make_workdir(args.workdir, run)
+    except DatamountError as exc:
+        return fail(exc)
     log_dir = args.log_dir or workdir / "system_logs" / "data_capability"
     settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=log_dir)
     start_logging(settings, "run")
@@ -67,7 +62,7 @@ def run_pipeline(
         except OSError:  # a closed stderr must not stop the steps
             return
 
-    say(f"pipeline {run}: {len(jobs)} steps in {workdir}")
+    say(f"pipeline {run}: {len(jobs)} steps in {workdir}, up to {parallel} at a time")
     runner = PipelineRun(ctx, pipeline, jobs, workdir, argv=argv, say=say, parallel=parallel)
     code = guarded("run", settings, runner.run)
     if temporary and not args.keep:
