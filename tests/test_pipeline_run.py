@@ -133,6 +133,7 @@ def test_a_failing_step_stops_its_dependents(azurite, container, tmp_path: Path)
     assert out.returncode == 7, out.stderr
     assert "[ok] fine" in out.stderr
     assert "[after] not run: a step it reads failed" in out.stderr
+    assert "steps in " in out.stderr and ", up to 1 at a time" in out.stderr  # the knob, logged
     assert "step bad failed (exit 7)" in out.stderr.splitlines()[-2]
     stop = {**go_on, "settings": {}}
     workdir = tmp_path / "work"
@@ -161,6 +162,15 @@ def test_bad_pipelines_exit_2_before_any_step(tmp_path: Path, azurite, container
     assert any("jobs.c.inputs.x: ${{parent.jobs.zz.outputs.o}} names no step" in x for x in lines)
     assert any("is a uri_folder, but the input is a uri_file" in line for line in lines), lines
     assert not marker.exists()
+    env["DATAMOUNT_PIPELINE_PARALLEL"] = "0"  # a bad knob: one line, exit 2, nothing run
+    out = datamount("run", str(write(tmp_path / "bad.yml", {"type": "pipeline", "jobs": jobs})),
+                    env=env)  # fmt: skip
+    assert out.returncode == 2 and not marker.exists()
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .endswith("DATAMOUNT_PIPELINE_PARALLEL: '0' is not a whole number >= 1")
+    )
 
 
 def test_data_create_uploads_a_local_path_once_per_version_and_registers_it(
