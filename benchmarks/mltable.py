@@ -53,8 +53,8 @@ from _common import (
     print_table,
     seed,
 )
+from transfer import STORE, write_workspace
 
-STORE = "bench"
 FILES = 4
 ROWS_PER_FILE = 1_250_000  # ~50 MB of CSV each at scale 1
 TABLES = {"csv": ("*.csv", "read_delimited"), "parquet": ("*.parquet", "read_parquet")}
@@ -106,19 +106,6 @@ def write_tables(root: Path, scale: float) -> tuple[dict[str, Dataset], int]:
         files.append(SeedFile("MLTable", len(text)))
         sets[name] = Dataset(name, f"{name}/", files, folder)
     return sets, rows * FILES
-
-
-def write_workspace(path: Path, azurite: BenchAzurite) -> Path:
-    path.write_text(
-        "datastores:\n"
-        f"  {STORE}:\n"
-        "    type: azure_blob\n"
-        f"    account_name: {azurite.account}\n"
-        f"    container_name: {STORE}\n"
-        f"    endpoint: {azurite.endpoint}\n"
-        '    credentials: {account_key: "${AZURITE_ACCOUNT_KEY}"}\n'
-    )
-    return path
 
 
 def argv_for(contender: str, ds: Dataset, ws: Path) -> list[str]:

@@ -1,12 +1,17 @@
 """Shared fixtures: a real Azurite blob service for the session, a fresh
-container per test, the mount points of a test (detached at its end) and a
-FaultProxy in front of the session's Azurite. Tests that use them are marked `azurite` automatically
+container per test, the mount points of a test (detached at its end), a
+FaultProxy in front of the session's Azurite and an HTTPS file server with the
+test CA's leaf (`https_site`). Tests that use them are marked `azurite` automatically
 (select or skip them with `-m azurite` / `-m "not azurite"`)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
 import os
+import ssl
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,3 +143,31 @@ def azurite_oauth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]
     refuses expired ones. Started only when a test asks for it."""
     certs = make_certs(tmp_path_factory.mktemp("tls-oauth"))
     yield from _serving(Azurite(tmp_path_factory.mktemp("azurite-oauth"), tls=certs, oauth=True))
+
+
+@pytest.fixture
+def https_site(azurite_https: Azurite, tmp_path: Path) -> Iterator[str]:
+    """An HTTPS file server on loopback with the test CA's leaf: its root URL."""
+    assert azurite_https.tls is not None
+    certs = azurite_https.tls
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "f.txt").write_bytes(b"0123456789")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path / "www"))
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs.cert, certs.key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

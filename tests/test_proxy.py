@@ -10,15 +10,11 @@ the proxy's host:port. Unit tests pin the NO_PROXY decision (requests' own).
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import os
 import re
 import socket
-import ssl
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -343,34 +339,6 @@ def test_ro_mount_reads_cross_the_proxy(
 
 
 # -- the requests path (https sources, the SDK) agrees --------------------------
-
-
-@pytest.fixture
-def https_site(azurite_https: Azurite, tmp_path: Path) -> Iterator[str]:
-    """An HTTPS file server on loopback with the test CA's leaf: its root URL."""
-    assert azurite_https.tls is not None
-    certs = azurite_https.tls
-    (tmp_path / "www").mkdir()
-    (tmp_path / "www" / "f.txt").write_bytes(b"0123456789")
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path / "www"))
-    )
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(certs.cert, certs.key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 @pytest.fixture

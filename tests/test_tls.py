@@ -9,11 +9,7 @@ host and the certificate problem, and writes nothing.
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import os
-import ssl
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,37 +139,15 @@ def test_raw_and_sdk_paths_trust_the_bundle_and_name_the_host_when_they_do_not(
         store.close()
 
 
-def test_an_https_source_trusts_the_bundle(azurite_https: Azurite, tmp_path: Path) -> None:
+def test_an_https_source_trusts_the_bundle(azurite_https: Azurite, https_site: str) -> None:
     assert azurite_https.tls is not None
-    certs = azurite_https.tls
-    (tmp_path / "www").mkdir()
-    (tmp_path / "www" / "f.txt").write_bytes(b"0123456789")
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path / "www"))
-    )
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(certs.cert, certs.key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    root = f"https://127.0.0.1:{server.server_address[1]}"
-    try:
-        store = HttpStore(root, retry=RetryPolicy(retries=0), ca_bundle=certs.ca)
-        assert store.read("f.txt", 2, 3) == b"234"
-        store.close()
-        store = HttpStore(root, retry=RetryPolicy(retries=0))
-        with pytest.raises(StorageError, match="certificate verification failed for 127.0.0.1"):
-            store.read("f.txt", 2, 3)
-        store.close()
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    store = HttpStore(https_site, retry=RetryPolicy(retries=0), ca_bundle=azurite_https.tls.ca)
+    assert store.read("f.txt", 2, 3) == b"234"
+    store.close()
+    store = HttpStore(https_site, retry=RetryPolicy(retries=0))
+    with pytest.raises(StorageError, match="certificate verification failed for 127.0.0.1"):
+        store.read("f.txt", 2, 3)
+    store.close()
 
 
 # -- the CLI ------------------------------------------------------------------
