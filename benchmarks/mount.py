@@ -51,7 +51,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import _common as bc
+import _scale
 from _common import MB, Dataset, MiB, measure
+from _gil import GilSample, Sampler
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 from transfer import write_workspace
 
@@ -197,6 +199,8 @@ class Server:
     fetched: int = 0  # bytes_fetched in the stats file after the previous workload
     ahead_used: int = 0  # files_prefetch_used (file-ahead prefetch), likewise
     ahead_delta: int = 0  # files fetched ahead and then opened in the last workload
+    budget: dict = field(default_factory=dict)  # the stats file's "budget" (limits, peak)
+    ram_tier: int | None = None  # bytes, from the runtime log's "read path" line
 
     def fetched_since(self, since: float) -> int | None:
         """bytes_fetched since the previous workload, once the daemon rewrote its stats
@@ -208,6 +212,7 @@ class Server:
             if data.get("updated", 0) >= since:
                 break
             time.sleep(0.2)
+        self.budget = data.get("budget") or self.budget
         if (total := data.get("cache", {}).get("bytes_fetched")) is None:
             return None
         delta, self.fetched = total - self.fetched, total
@@ -232,6 +237,10 @@ class Row:
     sent: int = 0  # bytes Azurite sent meanwhile
     first: float | None = None
     ahead: int = 0  # files the daemon fetched whole before their open (files_prefetch_used)
+    gil: GilSample | None = None  # py-spy on the daemon around the workload (--no-gil: None)
+    budget_mib: float | None = None  # the daemon's one memory budget, its peak use so far
+    budget_peak_mib: float | None = None
+    ram_tier_mib: float | None = None
     failed: str = ""
     problems: list[str] = field(default_factory=list)
 
@@ -287,7 +296,9 @@ def datamount_mount(bench: Bench, ds: Dataset) -> Iterator[Server]:
             raise Failed(f"datamount mount: exit {done.returncode}: {last}")
         # mount-stats-<entry>-<hash of the mount point>.json, written at mount
         stats = next((scratch / "logs").glob("mount-stats-input-*.json"), None)
-        yield Server(min(pids), Path(done.stdout.strip().splitlines()[-1]), stats)
+        server = Server(min(pids), Path(done.stdout.strip().splitlines()[-1]), stats)
+        server.ram_tier = _scale.ram_tier(scratch / "logs")
+        yield server
     finally:
         with bc.signals_deferred():
             unmount = [DATAMOUNT, "unmount", str(mp), "--timeout", "10"]
@@ -364,7 +375,11 @@ def probe(
         bc.proc_peak_rss_mib(pid, reset=True)  # this workload's peak, from the current RSS
     sent0 = bc.azurite_bytes_sent(bench.azurite)
     argv = [PYTHON, HERE, "reader", kind, str(path), *args]
-    run = measure(argv, bench.env(bench.workdir), 120 + (1 << 30) / (5 * MB))
+    sampler = Sampler(pid) if pid and bench.opts.gil else contextlib.nullcontext()
+    with sampler:  # py-spy attached before the reader starts, detached after it ended
+        run = measure(argv, bench.env(bench.workdir), 120 + (1 << 30) / (5 * MB))
+    if isinstance(sampler, Sampler):
+        row.gil = sampler.result
     row.sent = bc.azurite_bytes_sent(bench.azurite) - sent0
     if server:
         try:
@@ -373,6 +388,8 @@ def probe(
             row.failed = "the serving process died"
         row.fetched = server.fetched_since(time.time())
         row.ahead = server.ahead_delta
+        row.budget_mib, row.budget_peak_mib = _scale.budget_mib(server.budget)
+        row.ram_tier_mib = None if server.ram_tier is None else server.ram_tier / MiB
     if run.ok and not row.failed:
         got = json.loads(run.stdout.strip().splitlines()[-1])
         for key in ("seconds", "cpu", "bytes", "ops", "first"):
@@ -503,7 +520,10 @@ def pick(rows: list[Row]) -> Row:
     if bad := [r for r in rows if r.failed or r.problems]:
         return bad[0]
     rss = [r.server_rss for r in rows if r.server_rss is not None]
-    return replace(min(rows, key=lambda r: r.seconds), server_rss=max(rss) if rss else None)
+    peak = [r.budget_peak_mib for r in rows if r.budget_peak_mib is not None]
+    best = min(rows, key=lambda r: r.seconds)
+    return replace(best, server_rss=max(rss) if rss else None,
+                   budget_peak_mib=max(peak) if peak else None)  # fmt: skip
 
 
 def report(bench: Bench) -> dict[tuple[int, str], Row]:
@@ -647,6 +667,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=1.0, help="shrink datasets, e.g. 0.1")
     parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec FUSE baseline")
     parser.add_argument("--http", action="store_true", help="plain HTTP (default: HTTPS)")
+    parser.add_argument(
+        "--no-gil", dest="gil", action="store_false", help="no py-spy on the daemon (GIL n/a)"
+    )
     opts = parser.parse_args(argv)
     sets = {d.strip().upper() for d in opts.datasets.split(",") if d.strip()}
     wanted = {w.strip() for w in opts.workloads.split(",") if w.strip()}
@@ -689,7 +712,9 @@ def main(argv: list[str]) -> int:
             for contenders in (run_baselines, run_datamount, run_fsspec):
                 if not (opts.no_fsspec and contenders is run_fsspec):
                     contenders(bench)
-        targets(bench, report(bench))
+        best = report(bench)
+        targets(bench, best)
+        _scale.report(best, NAMES, gil=opts.gil)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

@@ -52,6 +52,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import _gil
 from _common import (
     MB,
     BenchAzurite,
@@ -73,12 +74,17 @@ STORE = "bench"  # the datastore of the generated workspace, and its container
 PYTHON = sys.executable
 WORKERS = str(Path(__file__).with_name("_workers.py"))
 DATAMOUNT = str(Path(sys.executable).parent / "datamount")
-DOWNLOADERS = ("limit", "datamount", "sdk", "adlfs")
+RCLONE = shutil.which("rclone")  # a contender when installed (rclone copy, as ../shared/bench)
+DOWNLOADERS = ("limit", "datamount", *(("rclone",) if RCLONE else ()), "sdk", "adlfs")
 UPLOADERS = ("datamount", "sdk")
 # Targets for datamount, as throughput ratios (DESIGN.md §6, the benchmark brief).
 LIMIT_TARGET = {"A": 0.85, "B": 0.9, "C": 0.85}
 SDK_DOWNLOAD_TARGET = 2.0
 SDK_UPLOAD_TARGET = 1.5
+# Issue 16, "scale past the GIL": one interpreter's projected ceiling (throughput / the
+# share of wall time some thread held the GIL) for large files and for small files.
+LARGE_TARGET_GB_S, SMALL_TARGET_FILES_S = 3.0, 10_000
+RCLONE_SMALL_TARGET = 1.2
 RSS_TARGET_MIB = 200.0
 # datamount's resume manifest stays in DEST by design (src/datamount/transfer/download.py):
 # tolerated by the byte check, and reported once in the summary.
@@ -95,6 +101,7 @@ class Bench:
         self.failures: list[str] = []
         self.notes: set[str] = set()
         self.certs = certs_for(workdir, opts.http)
+        self.gil: bool = opts.gil
 
     def scratch(self, label: str) -> Path:
         """A fresh folder for one run: DEST and datamount's cache/log folders live in it."""
@@ -150,6 +157,10 @@ def download_argv(name: str, ds: Dataset, azurite: BenchAzurite, ws: Path, dest:
         return [DATAMOUNT, "download", uri, str(dest), "--workspace", str(ws)]
     if name == "limit":
         return [PYTHON, WORKERS, "limit-read", azurite.endpoint, STORE, ds.prefix, *file_flag]
+    if name == "rclone":  # the emulator's well-known key (no secret), our endpoint URL
+        return ["rclone", "copy", f":azureblob:{STORE}/{ds.prefix}".rstrip("/"), str(dest),
+                "--azureblob-use-emulator", "--azureblob-endpoint", azurite.endpoint,
+                "--transfers", "16", "--multi-thread-streams", "8"]  # fmt: skip
     return [PYTHON, WORKERS, f"{name}-download", STORE, ds.prefix, str(dest), *file_flag]
 
 
@@ -249,9 +260,69 @@ def bench_download(bench: Bench, azurite: BenchAzurite, ws: Path, ds: Dataset) -
     print(f"\ndownload {ds.name}: {ds.describe()}")
     best = contest(bench, f"download {ds.name}", DOWNLOADERS, attempt, ds.total)
     dm = best["datamount"]
-    print_ratios({n: best[n] for n in ("limit", "sdk", "adlfs")}, dm)
+    gil = gil_run(bench, azurite, ws, ds) if bench.gil and dm else None
+    print_scale(ds, best, gil)
+    print_ratios({n: best[n] for n in DOWNLOADERS if n != "datamount"}, dm)
     limit_goal = ("limit", best["limit"], LIMIT_TARGET[ds.name])
-    print_targets(dm, [limit_goal, ("SDK", best["sdk"], SDK_DOWNLOAD_TARGET)])
+    goals = [limit_goal, ("SDK", best["sdk"], SDK_DOWNLOAD_TARGET)]
+    if ds.name == "B" and "rclone" in best:  # issue 16: small files >= 1.2 x rclone copy
+        goals.append(("rclone copy", best["rclone"], RCLONE_SMALL_TARGET))
+    print_targets(dm, goals)
+
+
+def gil_run(
+    bench: Bench, azurite: BenchAzurite, ws: Path, ds: Dataset
+) -> tuple[Run, _gil.GilSample] | None:
+    """One more `datamount download` of `ds`, under py-spy (which starts it, so its
+    whole life is sampled): its run (py-spy's CPU included: not for the tables) and
+    GIL samples. None when py-spy is missing or the run failed (said in one line)."""
+    if not _gil.pyspy():
+        print("  GIL: n/a (py-spy not installed)")
+        return None
+    scratch = bench.scratch(f"gil-{ds.name}")
+    try:
+        (dest := scratch / "dest").mkdir()
+        os.sync()
+        raw = scratch / "gil.raw"
+        argv = _gil.wrapped(download_argv("datamount", ds, azurite, ws, dest), raw)
+        run = measure(argv, contender_env(azurite, scratch), timeout_for(ds))
+        sample = _gil.read_wrapped(raw)
+        if not run.ok or not sample.ok:
+            print(f"  GIL: n/a ({run.note or sample.error})")
+            return None
+        return run, sample
+    finally:
+        bench.drop(scratch)
+
+
+def print_scale(ds: Dataset, best: dict[str, Run | None], gil: tuple[Run, _gil.GilSample] | None):
+    """CPU s per GiB and per 1,000 files of every contender, and datamount's GIL share
+    with the projected ceiling of one interpreter against issue 16's targets."""
+    files = len(ds.files)
+    parts = [
+        f"{name} {run.cpu / (ds.total / (1 << 30)):.2f} s/GiB, "
+        f"{run.cpu / files * 1000:.2f} s/1k files"
+        for name, run in best.items()
+        if run is not None
+    ]
+    print("  CPU: " + "; ".join(parts))
+    if gil is None:
+        return
+    run, sample = gil
+    share = sample.fraction(run.seconds) or 0.0
+    held = sample.held_seconds
+    small = files > 1 and ds.total / files < 8 * (1 << 20)
+    if held <= 0:
+        print(f"  GIL: datamount held it {share:.1%} of {run.seconds:.2f} s (no sample)")
+        return
+    got = files / held if small else ds.total / held / 1e9
+    goal = SMALL_TARGET_FILES_S if small else LARGE_TARGET_GB_S
+    unit = "files/s" if small else "GB/s"
+    mark = "PASS" if got >= goal else "FAIL"
+    late = "; py-spy fell behind: reads low" if sample.behind else ""
+    print(f"  GIL: datamount download held it {share:.1%} of {run.seconds:.2f} s (py-spy run, "
+          f"start-up included); projected {got:,.2f} {unit} [{mark}] >= {goal:,} {unit}"
+          f"{late}")  # fmt: skip
 
 
 def bench_upload(bench: Bench, ds: Dataset) -> None:
@@ -333,6 +404,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink datasets, e.g. 0.1")
     parser.add_argument("--http", action="store_true", help="plain HTTP (default: HTTPS)")
+    parser.add_argument(
+        "--no-gil", dest="gil", action="store_false", help="no py-spy run (GIL figures n/a)"
+    )
     opts = parser.parse_args(argv)
     opts.datasets = [d.strip().upper() for d in opts.datasets.split(",") if d.strip()]
     unknown = set(opts.datasets) - set("ABC")

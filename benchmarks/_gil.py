@@ -1,0 +1,266 @@
+"""How much of the wall time some thread of a process held the GIL, sampled with
+py-spy (`py-spy record --gil --nonblocking -f raw`), for the benchmarks' "scale past
+the GIL" figures (issue 16).
+
+py-spy with --gil records a sample only when a thread of the process holds the GIL,
+so the GIL-held seconds are samples / rate and the fraction of a window is that over
+the window's seconds (one busy thread for 2 s reads ~1.0, a sleeping process ~0: see
+`calibrate`). The projected ceiling of one node is throughput / fraction, i.e. the
+work done per GIL-held second: what one interpreter could move if cores were free and
+the storage kept up. py-spy missing: figures are "n/a", nothing fails; py-spy failing
+(no ptrace permission, say): one line in `GilSample.error`.
+
+    python benchmarks/_gil.py calibrate        the spinner and sleeper check
+    python benchmarks/_gil.py wrap DIR -- CMD  run CMD under py-spy, one raw file per run
+                                               in DIR (BENCH_DATAMOUNT: see gil_wrap.sh)
+    python benchmarks/_gil.py summary DIR [RESULTS.json]   GIL figures of those runs
+
+Threads: `Sampler` runs py-spy as a child process and waits for it on the caller's
+thread. Standard library only (gil_wrap.sh runs it with a bare interpreter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RATE = 200  # samples per second: 0.5 % resolution on a 1 s workload, ~2 % of one core
+READY_WAIT = 10.0  # seconds for py-spy to attach and print "Sampling process"
+STOP_WAIT = 15.0  # seconds for py-spy to write its raw file after SIGINT
+
+
+def pyspy() -> str | None:
+    """The py-spy next to this interpreter (the venv's), else on PATH, else None."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def parse_raw(text: str) -> int:
+    """Samples in py-spy's raw (collapsed-stack) output: one "frame;frame;... N" line
+    per distinct stack, N its count (a GIL-holding thread in native code has an empty
+    stack: " N"); malformed lines are skipped."""
+    total = 0
+    for line in text.splitlines():
+        _, _, count = line.rstrip().rpartition(" ")
+        if count.isdigit():
+            total += int(count)
+    return total
+
+
+def fraction(samples: int, rate: float, seconds: float) -> float | None:
+    """GIL-held fraction of a `seconds` window sampled `rate` times a second; None
+    for an empty window or rate."""
+    if seconds <= 0 or rate <= 0:
+        return None
+    return samples / rate / seconds
+
+
+@dataclass
+class GilSample:
+    """What one py-spy run saw: samples with the GIL held at `rate`, and why not."""
+
+    samples: int = 0
+    rate: float = RATE
+    error: str = ""  # "py-spy not installed", or py-spy's own failure, one line
+    behind: bool = False  # py-spy said it fell behind: the fraction reads low
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def held_seconds(self) -> float:
+        return self.samples / self.rate
+
+    def fraction(self, seconds: float) -> float | None:
+        return fraction(self.samples, self.rate, seconds) if self.ok else None
+
+
+def _argv(tool: str, out: Path, rate: float) -> list[str]:
+    return [tool, "record", "--gil", "--nonblocking", "-r", f"{rate:g}", "-f", "raw",
+            "-o", str(out)]  # fmt: skip
+
+
+def _finish(out: Path, log: Path, code: int | None, rate: float) -> GilSample:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    behind = "behind in sampling" in text
+    if out.exists():
+        return GilSample(parse_raw(out.read_text(errors="replace")), rate, behind=behind)
+    lines = [ln.removeprefix("py-spy> ").strip() for ln in text.splitlines() if ln.strip()]
+    why = next(
+        (ln for ln in lines if "rror" in ln or "ermission" in ln), lines[-1] if lines else ""
+    )
+    return GilSample(rate=rate, error=f"py-spy failed (exit {code}): {why or 'no output'}"[:160])
+
+
+class Sampler:
+    """py-spy attached to a running process `pid` from `start()` to `stop()`.
+
+        with Sampler(pid) as gil: ...workload...
+        gil.result  # a GilSample
+
+    start() returns once py-spy samples, so the workload's window is covered."""
+
+    def __init__(self, pid: int, rate: float = RATE, tool: str | None = "auto") -> None:
+        self.pid, self.rate = pid, rate
+        self.tool = pyspy() if tool == "auto" else tool
+        self.result = GilSample(rate=rate, error="" if self.tool else "py-spy not installed")
+        self._tmp = Path(tempfile.mkdtemp(prefix="gil-"))
+        self._proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        if not self.tool:
+            return
+        out, log = self._tmp / "raw.txt", self._tmp / "log.txt"
+        with open(log, "wb") as stderr:
+            self._proc = subprocess.Popen(
+                [*_argv(self.tool, out, self.rate), "--pid", str(self.pid)],
+                stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
+            )  # fmt: skip
+        deadline = time.monotonic() + READY_WAIT
+        while "Sampling process" not in log.read_text(errors="replace"):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                return
+            time.sleep(0.02)
+
+    def stop(self) -> GilSample:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return self.result
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+        try:
+            code = proc.wait(STOP_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        self.result = _finish(self._tmp / "raw.txt", self._tmp / "log.txt", code, self.rate)
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        return self.result
+
+    def __enter__(self) -> Sampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wrapped(argv: list[str], out: Path, rate: float = RATE) -> list[str]:
+    """`argv` run under py-spy writing its raw samples to `out` (argv unchanged when
+    py-spy is missing). py-spy starts the command, so its whole life is sampled."""
+    tool = pyspy()
+    return [*_argv(tool, out, rate), "--", *argv] if tool else list(argv)
+
+
+def read_wrapped(out: Path, rate: float = RATE) -> GilSample:
+    """The GilSample of a `wrapped` run (out missing: py-spy missing or failed)."""
+    if not pyspy():
+        return GilSample(rate=rate, error="py-spy not installed")
+    if not out.exists():
+        return GilSample(rate=rate, error="py-spy failed: no raw file written")
+    return GilSample(parse_raw(out.read_text(errors="replace")), rate)
+
+
+# -- the command line: calibrate, wrap, summary ---------------------------------------
+
+
+def calibrate(seconds: float = 2.0) -> dict[str, float | None]:
+    """GIL fractions of a spinner (one busy thread) and a sleeper over `seconds`,
+    each attached with Sampler: ~1.0 and ~0 when the method holds."""
+    code = {"spinner": "import time\nt=time.time()\nwhile time.time()-t<60: pass",
+            "sleeper": "import time\ntime.sleep(60)"}  # fmt: skip
+    got: dict[str, float | None] = {}
+    for name, src in code.items():
+        child = subprocess.Popen([sys.executable, "-c", src])
+        try:
+            time.sleep(0.3)  # the interpreter's start-up is not the window
+            with Sampler(child.pid) as gil:
+                start = time.perf_counter()
+                time.sleep(seconds)
+                window = time.perf_counter() - start
+            if not gil.result.ok:
+                raise SystemExit(gil.result.error)
+            got[name] = gil.result.fraction(window)
+        finally:
+            child.kill()
+            child.wait()
+    return got
+
+
+def wrap(folder: Path, argv: list[str]) -> int:
+    """Run argv under py-spy, its raw samples in folder/<time>-<pid>.raw and the
+    command line and wall window in a .json beside it; argv's exit code."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / f"{time.time():.3f}-{os.getpid()}"
+    out = stem.with_suffix(".raw")
+    start = time.time()
+    code = subprocess.call(wrapped(argv, out))
+    meta = {"argv": argv, "start": start, "end": time.time(), "rate": RATE, "exit": code}
+    stem.with_suffix(".json").write_text(json.dumps(meta))
+    return code
+
+
+def summary(folder: Path, results: Path | None) -> None:
+    """One line per wrapped run: when, what, wall s, GIL-held s and fraction; and,
+    given the shared bench's results JSON, the workload whose window holds it."""
+    windows = _windows(json.loads(results.read_text())) if results else []
+    print(f"{'start':>19} {'wall s':>7} {'GIL s':>6} {'GIL %':>6}  workload / command")
+    for meta_path in sorted(folder.glob("*.json")):
+        meta = json.loads(meta_path.read_text())
+        sample = read_wrapped(meta_path.with_suffix(".raw"), meta["rate"])
+        wall = meta["end"] - meta["start"]
+        share = sample.fraction(wall)
+        name = next((w for w, a, b in windows if a <= meta["start"] <= b), "")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta["start"]))
+        gil = f"{sample.held_seconds:6.2f} {share:6.1%}" if share is not None else "   n/a    n/a"
+        print(f"{when} {wall:7.2f} {gil}  {name or '?'}: {' '.join(meta['argv'])[:80]}")
+
+
+def _windows(data: object, name: str = "") -> list[tuple[str, float, float]]:
+    """(workload, start, end) of every object in the results JSON with numeric
+    start/end epoch fields (any nesting; the key path names the workload)."""
+    found: list[tuple[str, float, float]] = []
+    if isinstance(data, dict):
+        start = data.get("start", data.get("started"))
+        end = data.get("end", data.get("ended"))
+        if isinstance(start, int | float) and isinstance(end, int | float):
+            found.append((str(data.get("workload", data.get("name", name))), start, end))
+        for key, value in data.items():
+            found += _windows(value, f"{name}/{key}" if name else str(key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found += _windows(value, f"{name}[{i}]")
+    return found
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["calibrate"]:
+        if not pyspy():
+            print("py-spy not installed: GIL figures are n/a")
+            return 0
+        got = calibrate()
+        print(", ".join(f"{k} {v:.3f}" for k, v in got.items() if v is not None))
+        return 0
+    if len(argv) >= 4 and argv[0] == "wrap" and argv[2] == "--":
+        return wrap(Path(argv[1]), argv[3:])
+    if argv[:1] == ["summary"] and len(argv) in (2, 3):
+        summary(Path(argv[1]), Path(argv[2]) if len(argv) == 3 else None)
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main(sys.argv[1:]))

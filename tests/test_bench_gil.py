@@ -1,0 +1,93 @@
+"""benchmarks/_gil.py (py-spy raw output -> GIL-held fraction) and benchmarks/_scale.py
+(the budget and RAM-tier figures), loaded by path: the benchmarks are no package."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+gil = _load("_gil")
+scale = _load("_scale")
+
+RAW = """\
+<module> (spin.py:4) 150
+<module> (bench.py:9);worker (bench.py:20);read (bench.py:31) 30
+ 7
+thread (0x7f00);run (threading.py:1012) 13
+garbage line without a count
+"""
+
+
+def test_parse_raw_counts_every_sample_and_skips_malformed_lines() -> None:
+    assert gil.parse_raw(RAW) == 150 + 30 + 7 + 13
+    assert gil.parse_raw("") == 0
+    assert gil.parse_raw("frame (f.py:1) x12\n") == 0
+
+
+def test_fraction_is_samples_over_rate_times_seconds() -> None:
+    assert gil.fraction(200, 100, 2.0) == pytest.approx(1.0)  # one busy thread, 2 s
+    assert gil.fraction(1, 100, 2.0) == pytest.approx(0.005)  # a sleeper's stray sample
+    assert gil.fraction(50, 100, 0.0) is None
+    assert gil.fraction(50, 0, 1.0) is None
+
+
+def test_gil_sample_held_seconds_and_failure() -> None:
+    sample = gil.GilSample(samples=300, rate=200)
+    assert sample.ok and sample.held_seconds == pytest.approx(1.5)
+    assert sample.fraction(3.0) == pytest.approx(0.5)
+    failed = gil.GilSample(rate=200, error="py-spy failed (exit 1): Permission denied")
+    assert not failed.ok and failed.fraction(3.0) is None
+
+
+def test_sampler_without_py_spy_is_na_not_a_failure() -> None:
+    with gil.Sampler(1, tool=None) as sampler:
+        pass
+    assert sampler.result.error == "py-spy not installed"
+    assert sampler.result.fraction(1.0) is None
+
+
+def test_sampler_reports_py_spy_failing_in_one_line(tmp_path: Path) -> None:
+    tool = tmp_path / "py-spy"
+    tool.write_text("#!/bin/sh\necho 'py-spy> Error: Permission Denied (os error 1)' >&2\nexit 1\n")
+    tool.chmod(0o755)
+    with gil.Sampler(1, tool=str(tool)) as sampler:
+        pass
+    error = sampler.result.error
+    assert error.startswith("py-spy failed (exit 1): Error: Permission Denied")
+    assert "\n" not in error
+
+
+def test_finish_reads_the_raw_file_and_the_behind_warning(tmp_path: Path) -> None:
+    out, log = tmp_path / "raw.txt", tmp_path / "log.txt"
+    out.write_text(RAW)
+    log.write_text("py-spy> 1.20s behind in sampling, results may be inaccurate.\n")
+    got = gil._finish(out, log, 0, 100)
+    assert got.ok and got.samples == 200 and got.behind
+
+
+def test_budget_and_ram_tier_from_the_daemon(tmp_path: Path) -> None:
+    budget = {"limits": {"prefetch": 64 << 20, "disk queue": 512 << 20}, "peak": 70 << 20}
+    assert scale.budget_mib(budget) == (576.0, 70.0)
+    assert scale.budget_mib({}) == (None, None)
+    (tmp_path / "datamount-runtime.log").write_text(
+        "x INFO read path: block mode, block 2097152 B, prefetch window 8 blocks, 8 read "
+        "threads, RAM tier 134217728 B, disk tier on, memory budget 576 MiB (...)\n"
+    )
+    assert scale.ram_tier(tmp_path) == 128 << 20
+    assert scale.ram_tier(tmp_path / "missing") is None
