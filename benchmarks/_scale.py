@@ -1,8 +1,10 @@
-"""The mount benchmark's "scale past the GIL" and memory tables (issue 16): per
+"""The benchmarks' "scale past the GIL" and memory figures (issue 16). mount.py: per
 datamount workload, the daemon's CPU per GiB and per 1,000 files, the fraction of
 the workload's wall time the daemon held the GIL (py-spy, benchmarks/_gil.py), the
 projected ceiling of one node (throughput / that fraction) against the issue's
 targets, and the daemon's peak RSS against its one memory budget + 100 MiB.
+transfer.py: every download contender's CPU per GiB and per 1,000 files, and the GIL
+share and projected ceiling of `datamount download`.
 
 Reads the runtime log for the RAM tier's size. Single-threaded, caller's thread.
 """
@@ -100,3 +102,34 @@ def report(best: Mapping[tuple[int, str], Any], names: Mapping[int, str], *, gil
               f"{_f(r.ram_tier_mib, '.0f'):>8} {_f(ratio, '.2f'):>17}  [{mark}] "
               f"<= {_f(limit, '.0f')} MiB")  # fmt: skip
     print("  (MiB; peak use = the most bytes the budget held at once since the mount began)")
+
+
+def print_download(ds: Any, best: Mapping[str, Any], gil: tuple[Any, Any] | None) -> None:
+    """transfer.py, after each download table (`best`: _common.Run by contender, `gil`:
+    a Run and its _gil.GilSample): CPU s per GiB and per 1,000 files of every contender,
+    and datamount's GIL share with the projected ceiling against issue 16's targets."""
+    files = len(ds.files)
+    parts = [
+        f"{name} {run.cpu / (ds.total / (1 << 30)):.2f} s/GiB"
+        + (f", {run.cpu / files * 1000:.2f} s/1k files" if files > 1 else "")
+        for name, run in best.items()
+        if run is not None
+    ]
+    print("  CPU: " + "; ".join(parts))
+    if gil is None:
+        return
+    run, sample = gil
+    share = sample.fraction(run.seconds) or 0.0
+    held = sample.held_seconds
+    small = files > 1 and ds.total / files < 8 * (1 << 20)
+    if held <= 0:
+        print(f"  GIL: datamount held it {share:.1%} of {run.seconds:.2f} s (no sample)")
+        return
+    got = files / held if small else ds.total / held / 1e9
+    goal = SMALL_TARGET_FILES_S if small else LARGE_TARGET_GB_S
+    unit = "files/s" if small else "GB/s"
+    mark = "PASS" if got >= goal else "FAIL"
+    late = "; py-spy fell behind: reads low" if sample.behind else ""
+    print(f"  GIL: datamount download held it {share:.1%} of {run.seconds:.2f} s (py-spy run, "
+          f"start-up included); projected {got:,.2f} {unit} [{mark}] >= {goal:,} {unit}"
+          f"{late}")  # fmt: skip

@@ -17,13 +17,16 @@ bytes_fetched, and the bytes Azurite sent (/proc io). Baselines: `datamount down
 A and B, the downloaded A from local disk (evicted with posix_fadvise) and page cache,
 and fsspec's FUSE over adlfs (fusepy, libfuse2) for 1, 3 (60 s budget) and 4. Every mount
 is taken down in a finally, Ctrl-C and SIGTERM included (fusermount3 -uz, SIGKILL last).
+At the end (benchmarks/_scale.py): per datamount workload the daemon's CPU per GiB and
+per 1,000 files, its GIL-held share (py-spy attached around the workload, _gil.py;
+--no-gil skips it) and the projected ceiling, then its peak RSS against its memory budget.
 
 Over HTTPS by default (Azurite with a throwaway CA's leaf certificate, trusted by every
 contender through SSL_CERT_FILE / REQUESTS_CA_BUNDLE), `--http` for plain HTTP; the
 s/GiB column is the CPU seconds (reader + daemon) per GiB read.
 
 Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,10] [--repeat N]
-                           [--scale 0.1] [--keep] [--no-fsspec] [--http]
+                           [--scale 0.1] [--keep] [--no-fsspec] [--http] [--no-gil]
 Exit 0 when all ran and checked out (targets are reported, not enforced), 1 otherwise,
 130 when interrupted. DATASET_*, RSLEX_*, DATAMOUNT_* variables are cleared for the
 contenders: the targets assume default settings. Never imports datamount.

@@ -11,6 +11,10 @@ each into a fresh empty folder on local disk, dropped afterwards:
   datamount  `datamount download URI DEST --workspace WS`
   sdk        azure-storage-blob download_blob(max_concurrency=16), 16 blobs at a time
   adlfs      AzureBlobFileSystem.get(remote, local, recursive=True)
+  rclone     `rclone copy` (16 transfers), when rclone is installed
+After each download table: every contender's CPU per GiB and per 1,000 files, and one
+more datamount download under py-spy for its GIL-held share and projected ceiling
+(benchmarks/_gil.py; --no-gil skips it).
 Every file written is checked against the seeded sha256 (the limit: its byte count);
 datamount's resume manifest in DEST is tolerated and reported. Wall times include
 each contender's start-up (interpreter, imports), printed first.
@@ -29,7 +33,7 @@ The table's CPU s/GiB column is each contender's CPU per GiB moved: what TLS cos
 the client shows as the difference between the two modes.
 
 Usage: benchmarks/transfer.py [--datasets A,B,C] [--repeat N] [--only download|upload]
-                              [--scale 0.1] [--keep] [--http]
+                              [--scale 0.1] [--keep] [--http] [--no-gil]
 Exit 0 when every contender ran and every byte checked out (targets are reported,
 not enforced); 1 otherwise; 130 when interrupted (Ctrl-C or SIGTERM: Azurite and the
 running contender are stopped, the work folder dropped). Single-threaded; imports the
@@ -53,6 +57,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import _gil
+import _scale
 from _common import (
     MB,
     BenchAzurite,
@@ -81,10 +86,7 @@ UPLOADERS = ("datamount", "sdk")
 LIMIT_TARGET = {"A": 0.85, "B": 0.9, "C": 0.85}
 SDK_DOWNLOAD_TARGET = 2.0
 SDK_UPLOAD_TARGET = 1.5
-# Issue 16, "scale past the GIL": one interpreter's projected ceiling (throughput / the
-# share of wall time some thread held the GIL) for large files and for small files.
-LARGE_TARGET_GB_S, SMALL_TARGET_FILES_S = 3.0, 10_000
-RCLONE_SMALL_TARGET = 1.2
+RCLONE_SMALL_TARGET = 1.2  # issue 16: the small-file download >= 1.2 x rclone copy
 RSS_TARGET_MIB = 200.0
 # datamount's resume manifest stays in DEST by design (src/datamount/transfer/download.py):
 # tolerated by the byte check, and reported once in the summary.
@@ -261,7 +263,7 @@ def bench_download(bench: Bench, azurite: BenchAzurite, ws: Path, ds: Dataset) -
     best = contest(bench, f"download {ds.name}", DOWNLOADERS, attempt, ds.total)
     dm = best["datamount"]
     gil = gil_run(bench, azurite, ws, ds) if bench.gil and dm else None
-    print_scale(ds, best, gil)
+    _scale.print_download(ds, best, gil)
     print_ratios({n: best[n] for n in DOWNLOADERS if n != "datamount"}, dm)
     limit_goal = ("limit", best["limit"], LIMIT_TARGET[ds.name])
     goals = [limit_goal, ("SDK", best["sdk"], SDK_DOWNLOAD_TARGET)]
@@ -293,36 +295,6 @@ def gil_run(
         return run, sample
     finally:
         bench.drop(scratch)
-
-
-def print_scale(ds: Dataset, best: dict[str, Run | None], gil: tuple[Run, _gil.GilSample] | None):
-    """CPU s per GiB and per 1,000 files of every contender, and datamount's GIL share
-    with the projected ceiling of one interpreter against issue 16's targets."""
-    files = len(ds.files)
-    parts = [
-        f"{name} {run.cpu / (ds.total / (1 << 30)):.2f} s/GiB, "
-        f"{run.cpu / files * 1000:.2f} s/1k files"
-        for name, run in best.items()
-        if run is not None
-    ]
-    print("  CPU: " + "; ".join(parts))
-    if gil is None:
-        return
-    run, sample = gil
-    share = sample.fraction(run.seconds) or 0.0
-    held = sample.held_seconds
-    small = files > 1 and ds.total / files < 8 * (1 << 20)
-    if held <= 0:
-        print(f"  GIL: datamount held it {share:.1%} of {run.seconds:.2f} s (no sample)")
-        return
-    got = files / held if small else ds.total / held / 1e9
-    goal = SMALL_TARGET_FILES_S if small else LARGE_TARGET_GB_S
-    unit = "files/s" if small else "GB/s"
-    mark = "PASS" if got >= goal else "FAIL"
-    late = "; py-spy fell behind: reads low" if sample.behind else ""
-    print(f"  GIL: datamount download held it {share:.1%} of {run.seconds:.2f} s (py-spy run, "
-          f"start-up included); projected {got:,.2f} {unit} [{mark}] >= {goal:,} {unit}"
-          f"{late}")  # fmt: skip
 
 
 def bench_upload(bench: Bench, ds: Dataset) -> None:
