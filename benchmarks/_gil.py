@@ -10,20 +10,19 @@ work done per GIL-held second: what one interpreter could move if cores were fre
 the storage kept up. py-spy missing: figures are "n/a", nothing fails; py-spy failing
 (no ptrace permission, say): one line in `GilSample.error`.
 
-    python benchmarks/_gil.py calibrate        the spinner and sleeper check
-    python benchmarks/_gil.py wrap DIR -- CMD  run CMD under py-spy, one raw file per run
-                                               in DIR (BENCH_DATAMOUNT: see gil_wrap.sh)
-    python benchmarks/_gil.py summary DIR [RESULTS.json]   GIL figures of those runs
+    python benchmarks/_gil.py calibrate              the spinner and sleeper check
+    python benchmarks/_gil.py summary DIR [RESULTS.json]
+        the GIL figures of the runs benchmarks/gil_wrap.sh (BENCH_DATAMOUNT for the
+        side-by-side bench) recorded in DIR, downloads matched to the results' rows
 
 Threads: `Sampler` runs py-spy as a child process and waits for it on the caller's
-thread. Standard library only (gil_wrap.sh runs it with a bare interpreter).
+thread. Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -36,6 +35,7 @@ from pathlib import Path
 RATE = 200  # samples per second: 0.5 % resolution on a 1 s workload, ~2 % of one core
 READY_WAIT = 10.0  # seconds for py-spy to attach and print "Sampling process"
 STOP_WAIT = 15.0  # seconds for py-spy to write its raw file after SIGINT
+WRAP_DELAY = 0.5  # gil_wrap.sh attaches py-spy this long after datamount starts
 
 
 def pyspy() -> str | None:
@@ -198,50 +198,55 @@ def calibrate(seconds: float = 2.0) -> dict[str, float | None]:
     return got
 
 
-def wrap(folder: Path, argv: list[str]) -> int:
-    """Run argv under py-spy, its raw samples in folder/<time>-<pid>.raw and the
-    command line and wall window in a .json beside it; argv's exit code."""
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = folder / f"{time.time():.3f}-{os.getpid()}"
-    out = stem.with_suffix(".raw")
-    start = time.time()
-    code = subprocess.call(wrapped(argv, out))
-    meta = {"argv": argv, "start": start, "end": time.time(), "rate": RATE, "exit": code}
-    stem.with_suffix(".json").write_text(json.dumps(meta))
-    return code
+def wrapped_runs(folder: Path) -> list[dict]:
+    """The runs benchmarks/gil_wrap.sh recorded in `folder`: for each <epoch>-<pid>.argv,
+    its arguments, start (epoch, once py-spy attached), end (the raw file's mtime:
+    py-spy writes it when datamount exits) and GilSample (rate 200, the wrapper's)."""
+    runs = []
+    for argv_path in sorted(folder.glob("*.argv"), key=lambda p: float(p.stem.split("-")[0])):
+        raw = argv_path.with_suffix(".raw")
+        start = float(argv_path.stem.split("-")[0]) + WRAP_DELAY
+        end = raw.stat().st_mtime if raw.exists() else start
+        if raw.exists():
+            sample = GilSample(parse_raw(raw.read_text(errors="replace")), RATE)
+        else:
+            log = argv_path.with_suffix(".log")
+            sample = _finish(raw, log, None, RATE)
+        args = argv_path.read_text().splitlines()
+        runs.append({"argv": args, "start": start, "end": end, "gil": sample})
+    return runs
+
+
+def workload_of(argv: list[str]) -> str:
+    """The shared bench's workload of a `datamount download SPEC DEST` (DEST ends in
+    dl/<tool>/<A|B|C>: "download-A"), or "mount" for a mount."""
+    if argv[:1] == ["download"] and len(argv) >= 3:
+        return f"download-{Path(argv[2]).name}"
+    return argv[0] if argv else "?"
 
 
 def summary(folder: Path, results: Path | None) -> None:
-    """One line per wrapped run: when, what, wall s, GIL-held s and fraction; and,
-    given the shared bench's results JSON, the workload whose window holds it."""
-    windows = _windows(json.loads(results.read_text())) if results else []
-    print(f"{'start':>19} {'wall s':>7} {'GIL s':>6} {'GIL %':>6}  workload / command")
-    for meta_path in sorted(folder.glob("*.json")):
-        meta = json.loads(meta_path.read_text())
-        sample = read_wrapped(meta_path.with_suffix(".raw"), meta["rate"])
-        wall = meta["end"] - meta["start"]
-        share = sample.fraction(wall)
-        name = next((w for w, a, b in windows if a <= meta["start"] <= b), "")
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(meta["start"]))
-        gil = f"{sample.held_seconds:6.2f} {share:6.1%}" if share is not None else "   n/a    n/a"
-        print(f"{when} {wall:7.2f} {gil}  {name or '?'}: {' '.join(meta['argv'])[:80]}")
-
-
-def _windows(data: object, name: str = "") -> list[tuple[str, float, float]]:
-    """(workload, start, end) of every object in the results JSON with numeric
-    start/end epoch fields (any nesting; the key path names the workload)."""
-    found: list[tuple[str, float, float]] = []
-    if isinstance(data, dict):
-        start = data.get("start", data.get("started"))
-        end = data.get("end", data.get("ended"))
-        if isinstance(start, int | float) and isinstance(end, int | float):
-            found.append((str(data.get("workload", data.get("name", name))), start, end))
-        for key, value in data.items():
-            found += _windows(value, f"{name}/{key}" if name else str(key))
-    elif isinstance(data, list):
-        for i, value in enumerate(data):
-            found += _windows(value, f"{name}[{i}]")
-    return found
+    """One line per wrapped run: what, wall s, GIL-held s and share; for downloads
+    matched to the shared bench's results JSON (its datamount-dl rows), the projected
+    ceiling (bytes or files per GIL-held second). A mount serves several workloads in
+    one process, so its figures are the mount's whole life."""
+    rows = json.loads(results.read_text()).get("rows", []) if results else []
+    done = {r["workload"]: r for r in rows if r.get("kind") == "download"
+            and str(r.get("tool", "")).startswith("datamount") and r.get("ok")}  # fmt: skip
+    print(f"{'run':<12} {'wall s':>7} {'GIL s':>6} {'GIL %':>6}  projected (from the results)")
+    for run in wrapped_runs(folder):
+        sample, wall = run["gil"], run["end"] - run["start"]
+        name = workload_of(run["argv"])
+        if not sample.ok:
+            print(f"{name:<12} {wall:7.2f}    n/a    n/a  {sample.error}")
+            continue
+        held, share = sample.held_seconds, sample.fraction(wall) or 0.0
+        projected = ""
+        if (row := done.get(name)) and held > 0:
+            big = row.get("ops", 0) <= 10
+            rate = row["bytes"] / held / 1e9 if big else row.get("ops", 0) / held
+            projected = f"{rate:.2f} GB/s" if big else f"{rate:,.0f} files/s"
+        print(f"{name:<12} {wall:7.2f} {held:6.2f} {share:6.1%}  {projected}")
 
 
 def main(argv: list[str]) -> int:
@@ -252,8 +257,6 @@ def main(argv: list[str]) -> int:
         got = calibrate()
         print(", ".join(f"{k} {v:.3f}" for k, v in got.items() if v is not None))
         return 0
-    if len(argv) >= 4 and argv[0] == "wrap" and argv[2] == "--":
-        return wrap(Path(argv[1]), argv[3:])
     if argv[:1] == ["summary"] and len(argv) in (2, 3):
         summary(Path(argv[1]), Path(argv[2]) if len(argv) == 3 else None)
         return 0

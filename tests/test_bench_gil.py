@@ -91,3 +91,16 @@ def test_budget_and_ram_tier_from_the_daemon(tmp_path: Path) -> None:
     )
     assert scale.ram_tier(tmp_path) == 128 << 20
     assert scale.ram_tier(tmp_path / "missing") is None
+
+
+def test_wrapped_runs_and_their_workloads(tmp_path: Path) -> None:
+    stem = tmp_path / "1796134780.000-42"
+    stem.with_suffix(".argv").write_text("download\nspec.yaml\n/w/dl/datamount-dl/B\n")
+    stem.with_suffix(".raw").write_text(RAW)
+    other = tmp_path / "1796134790.000-43"
+    other.with_suffix(".argv").write_text("mount\nspec.yaml\n/w/mnt/datamount\n--foreground\n")
+    other.with_suffix(".log").write_text("py-spy> Error: Failed to find python version\n")
+    runs = gil.wrapped_runs(tmp_path)
+    assert [gil.workload_of(r["argv"]) for r in runs] == ["download-B", "mount"]
+    assert runs[0]["gil"].samples == 200 and runs[0]["start"] == 1796134780.0 + gil.WRAP_DELAY
+    assert runs[1]["gil"].error.endswith("Error: Failed to find python version")
