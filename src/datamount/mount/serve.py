@@ -32,7 +32,7 @@ from datamount.errors import (
 )
 from datamount.log import register_secret, setup_logging, shutdown_logging
 from datamount.mount import control
-from datamount.mount.daemon import DaemonConfig, MountDaemon
+from datamount.mount.daemon import DaemonConfig, MountDaemon, limit_malloc_arenas
 from datamount.mount.diagnose import Watch
 from datamount.mount.hints import HintServer
 from datamount.mount.plan import MountPlan
@@ -52,6 +52,7 @@ def start(plan: MountPlan) -> Served:
     """Build the stack and mount it; returns once the mount answers. With
     DATAMOUNT_METRICS_PORT set, its metrics endpoint is up first (an address
     in use fails the mount: DataError)."""
+    limit_malloc_arenas()  # before the stack's threads: they would each take an arena
     stack = build(plan)
     try:
         snapshot = _snapshot(plan, stack)
