@@ -71,6 +71,7 @@ posix: setup
 	$(BIN)/python scripts/posix.py $(POSIX_ARGS)
 
 bench: setup bench-deps
+	$(BIN)/python benchmarks/_gil.py calibrate  # the GIL-share method: spinner ~1, sleeper ~0
 	$(BIN)/python benchmarks/transfer.py
 	$(BIN)/python benchmarks/mount.py
 	$(BIN)/python benchmarks/mltable.py
