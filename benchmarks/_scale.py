@@ -68,6 +68,7 @@ def report(best: Mapping[tuple[int, str], Any], names: Mapping[int, str], *, gil
         else:
             held, share = r.gil.held_seconds, r.gil.held_seconds / r.seconds
             why = "py-spy fell behind: reads low" if r.gil.behind else ""
+            why += oversubscribed(held, cpu).removeprefix("; " if not why else "")
         projected, target = "n/a", ""
         if held:
             if r.workload in SMALL:
@@ -130,6 +131,15 @@ def print_download(ds: Any, best: Mapping[str, Any], gil: tuple[Any, Any] | None
     unit = "files/s" if small else "GB/s"
     mark = "PASS" if got >= goal else "FAIL"
     late = "; py-spy fell behind: reads low" if sample.behind else ""
+    late += oversubscribed(held, run.cpu)
     print(f"  GIL: datamount download held it {share:.1%} of {run.seconds:.2f} s (py-spy run, "
-          f"start-up included); projected {got:,.2f} {unit} [{mark}] >= {goal:,} {unit}"
-          f"{late}")  # fmt: skip
+          f"start-up included); projected {got:,.{0 if small else 2}f} {unit} [{mark}] >= "
+          f"{goal:,} {unit}{late}")  # fmt: skip
+
+
+def oversubscribed(held: float, cpu: float | None) -> str:
+    """A note when the GIL was held longer than the process used CPU: a thread holding
+    it waited for a core (more runnable threads than cores), so the share reads high."""
+    if cpu is None or held <= cpu:
+        return ""
+    return f"; GIL held {held:.2f} s > {cpu:.2f} CPU s: cores oversubscribed, reads high"

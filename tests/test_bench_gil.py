@@ -104,3 +104,9 @@ def test_wrapped_runs_and_their_workloads(tmp_path: Path) -> None:
     assert [gil.workload_of(r["argv"]) for r in runs] == ["download-B", "mount"]
     assert runs[0]["gil"].samples == 200 and runs[0]["start"] == 1796134780.0 + gil.WRAP_DELAY
     assert runs[1]["gil"].error.endswith("Error: Failed to find python version")
+
+
+def test_gil_held_longer_than_cpu_is_flagged() -> None:
+    assert scale.oversubscribed(0.4, 0.7) == ""
+    assert scale.oversubscribed(0.4, None) == ""
+    assert "oversubscribed" in scale.oversubscribed(2.3, 0.7)
