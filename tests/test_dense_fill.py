@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from datamount.read.cache.base import NoCache
 from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
-from datamount.read.prefetch.dense import FILL_SHARE, DensePolicy
+from datamount.read.prefetch.dense import START_SHARE, DensePolicy
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.reader import BlockReader
 from datamount.read.stats import MountStats
@@ -37,22 +37,39 @@ DATA = source(NBLOCKS * BS - 100)  # the last block short
 # -- the policy ----------------------------------------------------------------
 
 
-def test_fills_the_untouched_blocks_once_half_are_touched() -> None:
-    policy = DensePolicy(10, fits=True)
-    assert policy.threshold == 5
-    for i in (0, 2, 4, 6):
+def test_stays_on_demand_until_the_start_share_then_fills_twice_the_touched() -> None:
+    policy = DensePolicy(16, fits=True, start_share=0.25)
+    assert policy.threshold == 4
+    for i in (1, 3, 5):
         assert policy.on_read(i, i) == []
-    assert policy.on_read(6, 6) == []  # a block read again is not a new one
-    assert policy.on_read(8, 8) == [1, 3, 5, 7, 9]
-    assert policy.filled
-    assert policy.on_read(1, 9) == []  # decided once
+    assert policy.on_read(5, 5) == []  # a block read again is not a new one
+    # 4 touched: 4 more may be filled (touched or filled <= 2 x touched).
+    assert policy.on_read(7, 7) == [0, 2, 4, 6]
+    assert policy.started and not policy.done
+    assert policy.on_read(9, 9) == [8]  # a miss pays for one more block
+    assert policy.on_read(0, 0) == [10, 11]  # a first read of a filled block, for two
+    assert policy.on_read(0, 0) == []  # read again: nothing new
+
+
+def test_the_fill_goes_in_whole_runs_but_the_tail() -> None:
+    policy = DensePolicy(10, fits=True, start_share=0.4, run=4)
+    assert [policy.on_read(i, i) for i in (9, 8, 7)] == [[], [], []]
+    assert policy.on_read(6, 6) == [0, 1, 2, 3]  # room 4: one run
+    assert policy.on_read(5, 5) == [4]  # room 1, one block left: the tail
+    assert policy.done and policy.filled_count == 5
+    assert policy.on_read(2, 3) == []
+    longer = DensePolicy(20, fits=True, start_share=0.2, run=4)
+    assert [longer.on_read(i, i) for i in (19, 18, 17)] == [[], [], []]
+    assert longer.on_read(16, 16) == [0, 1, 2, 3]
+    assert [longer.on_read(i, i) for i in (15, 14, 13)] == [[], [], []]  # room 1, 2, 3
+    assert longer.on_read(12, 12) == [4, 5, 6, 7]
 
 
 def test_a_read_spanning_blocks_touches_each() -> None:
-    policy = DensePolicy(8, fits=True)
+    policy = DensePolicy(8, fits=True, start_share=0.5)
     assert policy.on_read(2, 4) == []
     assert policy.touched == 3
-    assert policy.on_read(6, 20) == [0, 1, 5]  # clipped to the file
+    assert policy.on_read(6, 20) == [0, 1, 5]  # clipped to the file; room 4, 3 left
 
 
 def test_never_fills_a_file_that_does_not_fit_or_is_tiny() -> None:
@@ -62,20 +79,64 @@ def test_never_fills_a_file_that_does_not_fit_or_is_tiny() -> None:
     assert all(tiny.on_read(i, i) == [] for i in range(3))
 
 
-@given(st.integers(1, 300), st.lists(st.integers(0, 299), max_size=400))
-def test_a_fill_never_costs_more_than_the_reads_paid(n: int, reads: list[int]) -> None:
-    """Whatever the reads: blocks filled <= blocks touched before the fill,
-    so demand + fill <= 2 x distinct blocks touched; each block once."""
-    policy = DensePolicy(n, fits=True)
+def test_a_stopped_policy_fills_no_more() -> None:
+    policy = DensePolicy(8, fits=True, start_share=0.5)
+    assert [policy.on_read(i, i) for i in range(3)] == [[], [], []]
+    assert policy.on_read(3, 3) == [4, 5, 6, 7]
+    policy.stop()
+    assert policy.done and policy.on_read(4, 7) == []
+
+
+def test_the_benchmark_readers_sparse_on_demand_dense_filled() -> None:
+    """benchmarks/mount.py's seeded readers over 1 GiB of 2 MiB blocks: 200
+    preads (a sparse reader) are never filled; 2,000 get the file whole with
+    fewer demand misses than a fill at half the blocks (256)."""
+    size, block, pread = 1 << 30, 2 << 20, 64 * 1024
+    for count in (200, 2000):
+        rng = random.Random(4)
+        policy = DensePolicy(size // block, fits=True, run=4)
+        fetched: set[int] = set()
+        misses = 0
+        for _ in range(count):
+            off = rng.randrange(0, size - pread + 1)
+            first, last = off // block, (off + pread - 1) // block
+            misses += len(set(range(first, last + 1)) - fetched)
+            fetched.update(range(first, last + 1))
+            rest = policy.on_read(first, last)
+            assert not fetched & set(rest)
+            fetched.update(rest)
+        if count == 200:
+            assert not policy.started and len(fetched) == policy.touched == 172
+        else:
+            assert len(fetched) == 512 and misses < 220
+
+
+@given(
+    st.integers(1, 300),
+    st.floats(0.01, 1.0),
+    st.integers(1, 8),
+    st.lists(st.tuples(st.integers(0, 299), st.integers(0, 3)), max_size=400),
+)
+def test_fetched_never_exceeds_twice_the_touched(
+    n: int, share: float, run: int, reads: list[tuple[int, int]]
+) -> None:
+    """Whatever the reads, at every moment: blocks touched or filled <= 2 x
+    distinct blocks touched; each block handed out once, never a touched one;
+    nothing before the start share."""
+    policy = DensePolicy(n, fits=True, start_share=share, run=run)
     seen: set[int] = set()
-    for r in reads:
-        b = r % n
-        seen.add(b)
-        rest = policy.on_read(b, b)
+    filled: set[int] = set()
+    for r, span in reads:
+        first = r % n
+        seen.update(range(first, min(first + span, n - 1) + 1))
+        rest = policy.on_read(first, first + span)
+        assert rest == sorted(rest) and not set(rest) & (seen | filled)
         if rest:
-            assert len(rest) <= len(seen)
-            assert len(seen) >= FILL_SHARE * n
-            assert sorted(set(rest) | seen) == list(range(n)) and not set(rest) & seen
+            assert len(seen) >= policy.threshold
+        filled.update(rest)
+        assert len(seen | filled) <= 2 * len(seen)
+    if policy.done and policy.started:
+        assert seen | filled == set(range(n))
 
 
 # -- DenseFill over a real fetcher -------------------------------------------------
@@ -153,6 +214,21 @@ def test_a_sparse_random_reader_stays_on_demand(rig: Rig) -> None:
     snap = rig.stats.snapshot()
     assert snap["dense_fills"] == 0 and snap["filled_blocks"] == 0
     assert snap["bytes_fetched"] <= 2 * len(touched) * BS
+
+
+def test_a_reader_past_the_start_share_is_filled_within_twice_its_blocks(rig: Rig) -> None:
+    """~44 % of the blocks touched (past START_SHARE, short of half): the fill
+    starts, and demand + fill stay within 2 x the distinct blocks touched."""
+    random_reads(rig, 150)
+    r = random.Random(3)  # random_reads' offsets: the blocks each 100-byte read spans
+    offs = [r.randrange(BS, len(DATA) - 100) for _ in range(150)]
+    touched = {o // BS for o in offs} | {(o + 99) // BS for o in offs}
+    assert START_SHARE * NBLOCKS <= len(touched) < NBLOCKS / 2
+    assert rig.dense.wait_idle()
+    snap = rig.stats.snapshot()
+    assert snap["dense_fills"] == 1 and snap["filled_blocks"] > 0
+    assert snap["bytes_fetched"] <= 2 * len(touched) * BS
+    assert len(rig.cache.blocks) == snap["blocks_fetched"]  # each block once
 
 
 def test_a_sequential_reader_is_never_filled(rig: Rig) -> None:
@@ -300,3 +376,27 @@ def test_mount_sparse_random_reader_stays_on_demand(
     assert stats["dense_fills"] == 0 and stats["filled_blocks"] == 0, stats
     assert stats["bytes_fetched"] <= 2 * len(touched) * MBS, (len(touched), stats)
     assert _gets_bytes(proxy, "ds/sparse.bin") == stats["bytes_fetched"]
+
+
+def test_mount_reader_past_the_start_share_is_filled_within_twice_its_blocks(
+    azurite,
+    container,
+    tmp_path: Path,
+    mounts: Mounts,
+    proxy: FaultProxy,  # noqa: ANN001
+) -> None:
+    """150 preads over 256 blocks touch ~44 % of them: the fill starts and
+    runs ahead of the reader, and what Azurite sent stays within 2 x the
+    distinct blocks touched."""
+    body = random.Random(13).randbytes(256 * MBS)
+    azurite.seed(container, {"ds/medium.bin": body})
+    env = env_for(azurite, tmp_path, container, via=proxy)
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(folder_spec(tmp_path), mp, env)
+    touched = _random_preads(mp / "medium.bin", body, 150, MBS, seed=7)
+    assert 96 <= len(touched) < 128, len(touched)
+    assert wait_for(lambda: _gets_bytes(proxy, "ds/medium.bin") > len(touched) * MBS, 30)
+    stats = unmount_ok(mounts, mp, env)["cache"]
+    assert stats["dense_fills"] == 1 and stats["filled_blocks"] > 0, stats
+    assert stats["bytes_fetched"] <= 2 * len(touched) * MBS, (len(touched), stats)
+    assert _gets_bytes(proxy, "ds/medium.bin") == stats["bytes_fetched"]

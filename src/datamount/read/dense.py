@@ -4,24 +4,30 @@ file is fetched into the block cache in the background.
 Every random read of a block-mode handle (one its PrefetchPolicy does not
 count as a sequential stream) is reported with `on_random_read`; one
 DensePolicy per object version (prefetch/dense.py), shared by every handle
-on it, decides when the rest of the file is due. A file is a candidate only
-if it takes at most FIT_SHARE of the cache (RAM tier + disk tier limit, from
-`capacity()`): a fill must neither prune its own first blocks nor flush the
-whole cache.
+on it, decides when and how much of the file to fill: nothing until the
+reads have touched START_SHARE of its blocks, then, read after read, as
+much as keeps the blocks touched or filled within 2 x the blocks touched.
+A file is a candidate only if it takes at most FIT_SHARE of the cache (RAM
+tier + disk tier limit, from `capacity()`): a fill must neither prune its
+own first blocks nor flush the whole cache.
 
 A fill goes through `BlockFetcher.fill`: the same single flight, cache and
 PREFETCH area of the memory budget as prefetch, in runs of up to RUN_BYTES
 (parallel ranged GETs on the scheduler's prefetch lane, so demand reads go
-first, and a demand read of a block a fill has queued promotes it). Filled
-blocks go to the cache and give their budget back at once; with the disk
-tier on, a fill waits while the disk queue has no room for its blocks in
-flight, so none is dropped on the way to the disk (and fetched again). The
-fill goes on after its handles close (the cost was decided at the
-threshold) and stops at a version change (ESTALE) or at close. Counters
-(MountStats): dense_fills, filled_blocks.
+first, and a demand read of a block a fill has queued promotes it). The
+runs of one policy answer stay in flight while the next answer's are
+scheduled: as many runs at once as the budget admits. Filled blocks go to
+the cache and give their budget back at once; with the disk tier on, a fill
+waits while the disk queue has no room for its blocks in flight, so none is
+dropped on the way to the disk (and fetched again). Blocks handed out are
+fetched after their handles close (the policy already counted them) and a
+file's fill stops at a failed fetch (ESTALE: a version change), a stall or
+close. Counters (MountStats): dense_fills (files whose fill started),
+filled_blocks.
 
-Threads: one worker ("datamount-fill") runs the fills, one file at a time;
-`on_random_read` takes a lock briefly and only queues.
+Threads: one worker ("datamount-fill") schedules the fills, in the order
+the policies answered; `on_random_read` takes a lock briefly and only
+queues; a done fetch wakes the worker (a Future callback).
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class DenseFill:
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._busy = False
+        self._dead: set[ObjectId] = set()  # fills stopped (a fetch failed, stalled)
         self._thread = threading.Thread(target=self._work, name="datamount-fill", daemon=True)
         self._thread.start()
 
@@ -85,14 +92,17 @@ class DenseFill:
                     self._policies.popitem(last=False)
             else:
                 self._policies.move_to_end(obj)
+            started = policy.started
             rest = policy.on_read(first, last)
             if not rest:
                 return
             self._jobs.append((obj, rest))
             self._cond.notify_all()
+        if started:
+            return
         self.stats.add(dense_fills=1)
         log.debug(
-            "%s: random reads touched %d of %d blocks: filling the other %d",
+            "%s: random reads touched %d of %d blocks: filling %d of the others",
             obj.key, policy.touched, policy.block_count, len(rest),
         )  # fmt: skip
 
@@ -114,60 +124,104 @@ class DenseFill:
         except OSError as exc:  # no statvfs of the cache: no fill
             log.debug("cache capacity: %s", exc)
             fits = False
-        return DensePolicy(block_count(obj.size, self.fetcher.block_size), fits=fits)
+        count = block_count(obj.size, self.fetcher.block_size)
+        return DensePolicy(count, fits=fits, run=self.fetcher.run_blocks)
+
+    def _wake(self, _: object = None) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     # -- the worker --------------------------------------------------------
 
     def _work(self) -> None:
-        while True:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
-                self._cond.wait_for(lambda: self._closed or bool(self._jobs))
-                if self._closed:
-                    return
-                obj, blocks = self._jobs.popleft()
-                self._busy = True
-            try:
-                self._fill(obj, blocks)
-            except Exception:  # never lose the worker: a fill only saves requests
-                log.exception("dense fill of %s failed", obj.key)
-
-    def _fill(self, obj: ObjectId, blocks: list[int]) -> None:
-        keys = [BlockKey(obj, i) for i in blocks]
-        run = self.fetcher.run_blocks
-        pending: set[Future[bytes]] = set()
+        """Schedules the fill's runs as the budget and the disk queue allow,
+        job after job: the runs of one job stay in flight while the next
+        job's are scheduled (the policy hands out a few runs at a time)."""
+        pending: dict[Future[bytes], ObjectId] = {}
+        job: tuple[ObjectId, list[BlockKey]] | None = None
         pos = 0
         stalled_since: float | None = None
-        while pos < len(keys) and not self._closed:
-            chunk = keys[pos : pos + run]
-            taken = 0
-            if self._disk_room(len(pending) + len(chunk)):
-                taken, futures = self.fetcher.fill(chunk)
-                pending.update(futures)
-                pos += taken
-            if taken:
-                stalled_since = None
-            if taken == len(chunk):
-                continue
-            if not pending:  # the budget is held by others: look again soon
-                now = time.monotonic()
-                stalled_since = now if stalled_since is None else stalled_since
-                if now - stalled_since > STALLED_SECONDS:
-                    log.debug(
-                        "dense fill of %s given up: no room for %.0f s",
-                        obj.key,
-                        now - stalled_since,
-                    )
+        while True:
+            for future in [f for f in pending if f.done()]:
+                obj = pending.pop(future)
+                if future.exception() is not None:
+                    self._stop(obj)
+            with self._cond:
+                if self._closed:
                     return
-                with self._cond:
-                    self._cond.wait_for(lambda: self._closed, POLL_SECONDS)
-                continue
-            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-            if any(f.exception() is not None for f in done):
-                log.debug("dense fill of %s stopped: a fetch failed", obj.key)
-                return
-        wait(pending)
+                if job is not None and self._stopped(job[0]):
+                    job = None
+                if job is None and self._jobs:
+                    obj, blocks = self._jobs.popleft()
+                    job, pos = (obj, [BlockKey(obj, i) for i in blocks]), 0
+                self._busy = job is not None or bool(pending)
+                if not self._busy:
+                    self._cond.notify_all()
+                    self._cond.wait_for(lambda: self._closed or bool(self._jobs))
+                    continue
+                if job is None:  # only runs in flight: until one ends or a job comes
+                    self._cond.wait_for(
+                        lambda: self._closed or bool(self._jobs) or any(f.done() for f in pending),
+                        1.0,
+                    )
+                    continue
+            try:
+                pos, stalled_since = self._schedule(job, pos, pending, stalled_since)
+            except Exception:  # never lose the worker: a fill only saves requests
+                log.exception("dense fill of %s failed", job[0].key)
+                self._stop(job[0])
+                pos = len(job[1])
+            if pos >= len(job[1]):
+                job = None
+
+    def _schedule(
+        self,
+        job: tuple[ObjectId, list[BlockKey]],
+        pos: int,
+        pending: dict[Future[bytes], ObjectId],
+        stalled_since: float | None,
+    ) -> tuple[int, float | None]:
+        """Start runs of `job` from `pos` while there is room; wait for room
+        when there is none. The new position and since when it stalled."""
+        obj, keys = job
+        chunk = keys[pos : pos + self.fetcher.run_blocks]
+        taken = 0
+        if self._disk_room(len(pending) + len(chunk)):
+            taken, futures = self.fetcher.fill(chunk)
+            for future in futures:
+                pending[future] = obj
+                future.add_done_callback(self._wake)
+        if taken:
+            return pos + taken, None
+        if not pending:  # the budget is held by others: look again soon
+            now = time.monotonic()
+            stalled_since = now if stalled_since is None else stalled_since
+            if now - stalled_since > STALLED_SECONDS:
+                log.debug(
+                    "dense fill of %s given up: no room for %.0f s", obj.key, now - stalled_since
+                )
+                self._stop(obj)
+                return len(keys), None
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed, POLL_SECONDS)
+            return pos, stalled_since
+        wait(list(pending), timeout=1.0, return_when=FIRST_COMPLETED)
+        return pos, stalled_since
+
+    def _stop(self, obj: ObjectId) -> None:
+        """No more fill of `obj` (a fetch failed or it stalled)."""
+        log.debug("dense fill of %s stopped", obj.key)
+        with self._cond:
+            policy = self._policies.get(obj)
+            if policy is not None:
+                policy.stop()
+            self._jobs = deque(j for j in self._jobs if j[0] != obj)
+            self._dead.add(obj)
+            while len(self._dead) > MAX_TRACKED:
+                self._dead.pop()
+
+    def _stopped(self, obj: ObjectId) -> bool:
+        return obj in self._dead  # lock held
 
     def _disk_room(self, blocks: int) -> bool:
         """The disk queue has room for `blocks` more blocks (or there is no
