@@ -185,6 +185,27 @@ def test_a_vanished_file_is_a_miss_and_uncounted(make: Callable[..., DiskCache])
     assert cache.used_bytes == 0
 
 
+def test_a_folder_removed_behind_its_back_is_made_again(
+    make: Callable[..., DiskCache], tmp_path: Path
+) -> None:
+    """Writers make a leaf folder only when the rename finds none (no mkdir
+    per block): one removed meanwhile is made again and the block lands."""
+    cache = make()
+    first = key(0)
+    cache.put(first, block(1))
+    settle(cache)
+    folder = cache.path_of(first).parent
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()
+    assert cache.get(first) is None  # gone: a miss, uncounted
+    again = next(k for k in map(key, range(1, 4096)) if cache.path_of(k).parent == folder)
+    cache.put(again, block(2))
+    settle(cache)
+    assert cache.get(again) == block(2)
+    assert cache.path_of(again).is_file()
+
+
 @pytest.mark.parametrize("size", [64 * 1024, 2 * MB, 2 * MB - 1, 300_001])
 def test_big_blocks_round_trip_through_o_direct(make: Callable[..., DiskCache], size: int) -> None:
     """Blocks >= DIRECT_MIN are written with O_DIRECT but for the last partial

@@ -18,6 +18,10 @@ Kernel-facing choices (see `run`):
   max_write (1 MiB, FUSE_MAX_MAX_PAGES = 256 pages), so a read request
   carries up to 1 MiB; readahead is what the kernel proposes (it can only be
   lowered at INIT) and the daemon raises the mount's bdi readahead after;
+- no FLUSH on a read-only mount: the callback is left out (`_not_served`),
+  so libfuse answers the first close(2) with ENOSYS and the kernel sends no
+  FLUSH again (fc->no_flush): a small file costs lookup, open, read and
+  release, one round trip less each;
 - readdirplus: directory entries carry their full attributes (the listing
   already has them), so `ls -l` makes no lookup per entry. mfusepy 3.1 fills
   only the mode; `_Fuse.readdir_fuse_3` fills the whole stat when the kernel
@@ -125,6 +129,15 @@ def _funnel_iter(op: str, items: Iterator[Any]) -> Iterator[Any]:
         raise _to_errno(op, exc) from None
 
 
+def _not_served(*args: Any) -> int:
+    """In place of a callback the mount does without: mfusepy leaves it out
+    of libfuse's table (libfuse_ignore), so libfuse answers ENOSYS itself."""
+    raise mfusepy.FuseOSError(errno.ENOSYS)
+
+
+_not_served.libfuse_ignore = True  # type: ignore[attr-defined]
+
+
 class Adapter(mfusepy.Operations):
     """Delegates every callback to ReadOnlyFS. Used with raw_fi=True, so
     `open` can set keep_cache on libfuse's fuse_file_info."""
@@ -138,6 +151,8 @@ class Adapter(mfusepy.Operations):
         self.timeout = NEVER_SECONDS if ttl_seconds is None else ttl_seconds
         self.on_ready = on_ready
         self._fuse_ptr: int | None = None
+        if fs.writes is None:  # nothing to write back at close(2): no FLUSH (see above)
+            self.flush = _not_served  # type: ignore[method-assign, assignment]
 
     # -- lifecycle -------------------------------------------------------------
 

@@ -349,7 +349,8 @@ class DiskCache:
             finally:
                 with self._cond:
                     self._unqueue(name)
-                    self._cond.notify_all()  # flush() waiters
+                    if not self._queued:  # what flush() waits for; the writers wait
+                        self._cond.notify_all()  # for blocks, not for this
 
     def _unqueue(self, name: str) -> None:
         """A queued block is written, dropped or abandoned: give its bytes back. _cond held."""
@@ -369,8 +370,11 @@ class DiskCache:
                 with open(tmp, "wb") as f:
                     f.write(header)
                     f.write(data)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, final)
+            try:
+                os.replace(tmp, final)
+            except FileNotFoundError:  # the folder's first block (no mkdir per block)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, final)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
