@@ -27,9 +27,11 @@ s/GiB column is the CPU seconds (reader + daemon) per GiB read.
 
 Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,10] [--repeat N]
                            [--scale 0.1] [--keep] [--no-fsspec] [--http] [--no-gil]
+                           [--datamount-env NAME=VALUE ...]
 Exit 0 when all ran and checked out (targets are reported, not enforced), 1 otherwise,
 130 when interrupted. DATASET_*, RSLEX_*, DATAMOUNT_* variables are cleared for the
-contenders: the targets assume default settings. Never imports datamount.
+contenders: the targets assume default settings; --datamount-env sets one back for a
+measured variant. Never imports datamount.
 """
 
 from __future__ import annotations
@@ -272,7 +274,7 @@ class Bench:
         keep.update(AZURITE_ACCOUNT_KEY=self.azurite.key)  # secrets by variable, never argv
         keep.update(BENCH_CONNECTION_STRING=self.azurite.connection_string)
         keep.update(DATAMOUNT_CACHE_DIR=str(scratch / "cache"), **self.azurite.trust_env())
-        return {**keep, "DATAMOUNT_LOG_DIR": str(scratch / "logs")}
+        return {**keep, "DATAMOUNT_LOG_DIR": str(scratch / "logs"), **self.opts.datamount_env}
 
     def add(self, row: Row) -> None:
         self.rows.setdefault((row.workload, row.contender), []).append(row)
@@ -673,7 +675,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--no-gil", dest="gil", action="store_false", help="no py-spy on the daemon (GIL n/a)"
     )
+    parser.add_argument(
+        "--datamount-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for every datamount run, mounts and download baselines (repeatable), e.g. "
+        "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED=false: the defaults are measured otherwise",
+    )
     opts = parser.parse_args(argv)
+    pairs = [item.partition("=") for item in opts.datamount_env]
+    if any(not name.startswith(KNOBS) or not sep for name, sep, _ in pairs):
+        parser.error("--datamount-env takes NAME=VALUE with a DATASET_, RSLEX_ or DATAMOUNT_ name")
+    opts.datamount_env = {name: value for name, _, value in pairs}
     sets = {d.strip().upper() for d in opts.datasets.split(",") if d.strip()}
     wanted = {w.strip() for w in opts.workloads.split(",") if w.strip()}
     opts.workloads = sorted(w for w in NAMES if str(w) in wanted and NEEDS[w] in sets)

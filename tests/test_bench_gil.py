@@ -110,3 +110,25 @@ def test_gil_held_longer_than_cpu_is_flagged() -> None:
     assert scale.oversubscribed(0.4, 0.7) == ""
     assert scale.oversubscribed(0.4, None) == ""
     assert "oversubscribed" in scale.oversubscribed(2.3, 0.7)
+
+
+def test_mount_bench_datamount_env_sets_a_variant_back() -> None:
+    """--datamount-env puts one cleared knob back for datamount's runs only."""
+    sys.path.insert(0, str(BENCH))  # mount.py imports its siblings by name
+    try:
+        mount = _load("mount")
+    finally:
+        sys.path.remove(str(BENCH))
+    opts = mount.parse_args(
+        ["--datasets", "B", "--workloads", "4",
+         "--datamount-env", "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED=false",
+         "--datamount-env", "DATASET_MOUNT_MEMORY_CACHE_SIZE=0"]
+    )  # fmt: skip
+    assert opts.datamount_env == {
+        "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED": "false",
+        "DATASET_MOUNT_MEMORY_CACHE_SIZE": "0",
+    }
+    for bad in ("HOME=/tmp", "DATASET_MOUNT_MEMORY_CACHE_SIZE"):
+        with pytest.raises(SystemExit) as exit_:
+            mount.parse_args(["--datamount-env", bad])
+        assert exit_.value.code == 2
