@@ -223,8 +223,10 @@ class Downloader:
                 self._lane.close(kill=self._cancel.is_set())
                 own = resource.getrusage(resource.RUSAGE_SELF)
                 log.info(
-                    "download worker processes done: CPU s %s (this process %.2f s in all)",
-                    " ".join(f"{c:.2f}" for c in self._lane.cpu),
+                    "download worker processes done: CPU s %s, peak RSS MiB %s (this "
+                    "process %.2f s in all)",
+                    " ".join(f"{u['cpu']:.2f}" for u in self._lane.usage),
+                    " ".join(f"{u['rss_mib']:.0f}" for u in self._lane.usage),
                     own.ru_utime + own.ru_stime,
                 )
             self._cleanup_failed()  # may still record committed files

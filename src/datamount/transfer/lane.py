@@ -8,8 +8,9 @@ keeps the listing, the plan, the manifest, the group commit and the renames.
   secret included, reaches a worker as its first message over its pipe:
   never argv or environment.
 - Files go out in batches (`BATCH`, or whatever a page leaves) to the worker
-  with the fewest in flight; at most `2 x threads` files are in flight in
-  all (`submit` blocks, after sending what waits).
+  with the fewest in flight; at most `2 x threads + BATCH` files per worker
+  are in flight (`submit` blocks, after sending what waits, until a batch's
+  worth came back).
 - A worker that dies (killed, crashed) while it holds files is one clear
   DataError; `close(kill=True)` stops every worker before the Downloader
   drops the `.part` files, so nothing writes after the clean-up.
@@ -65,7 +66,7 @@ class _Proc:
         self.inflight: dict[int, Any] = {}  # task index -> the Downloader's job
         self.waiting: list[tuple[int, str, int, str, str]] = []  # Tasks not yet sent
         self.open = True  # its pipe still delivers
-        self.cpu = 0.0  # CPU seconds it used, once it has finished
+        self.usage: dict[str, float] = {"cpu": 0.0, "rss_mib": 0.0}  # once it has finished
 
 
 class ProcessLane:
@@ -79,7 +80,13 @@ class ProcessLane:
         self.on_result = on_result
         self.on_dead = on_dead
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(2 * setup.threads * processes)
+        self._room = threading.Condition(self._lock)
+        # Files in flight: enough that batches fill (a worker's threads busy,
+        # a batch queued behind them); `submit` waits, once they are all out,
+        # until a batch's worth came back (so batches stay batches).
+        self._cap = processes * (2 * setup.threads + BATCH)
+        self._free = self._cap
+        self._refill = min(BATCH * processes, self._cap // 2)
         self._next = 0
         self._stopping = False
         self._killing = False
@@ -115,23 +122,26 @@ class ProcessLane:
         return [p.process.pid for p in self.procs]
 
     @property
-    def cpu(self) -> list[float]:
-        """Each worker's CPU seconds (after a `close` that let them finish)."""
-        return [p.cpu for p in self.procs]
+    def usage(self) -> list[dict[str, float]]:
+        """Each worker's CPU seconds and peak RSS in MiB (after a `close`
+        that let them finish)."""
+        return [p.usage for p in self.procs]
 
     # -- the caller's thread ------------------------------------------------
 
     def submit(self, job: Any, key: str, size: int, etag: str, part: str) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.flush()  # what waits must go out before we wait for a slot
-            while not self._slots.acquire(timeout=0.5):
-                if self.error is not None:
-                    raise self.error
+        with self._lock:
+            full_up = self._free == 0
+        if full_up:
+            self.flush()  # what waits must go out before we wait for room
+            with self._room:
+                while self._free < self._refill and self.error is None:
+                    self._room.wait(0.5)
         with self._lock:
             live = [p for p in self.procs if p.open]
             if self.error is not None or not live:
-                self._slots.release()
                 raise self.error or DataError("no download worker process is running")
+            self._free -= 1
             proc = min(live, key=lambda p: len(p.inflight) + len(p.waiting))
             index = self._next
             self._next += 1
@@ -193,18 +203,19 @@ class ProcessLane:
 
     def _receive(self, proc: _Proc) -> None:
         try:
-            batch: list[tuple[Any, ...]] | float = proc.conn.recv()
+            batch: list[tuple[Any, ...]] | dict[str, float] = proc.conn.recv()
         except (EOFError, OSError):
             proc.open = False
             self._ended(proc)
             return
-        if isinstance(batch, float):  # its last message
-            proc.cpu = batch
+        if isinstance(batch, dict):  # its last message
+            proc.usage = batch
             return
         results = [Result._make(r) for r in batch]
-        with self._lock:
+        with self._room:
             jobs = [proc.inflight.pop(result.seq) for result in results]
-        self._slots.release(len(results))
+            self._free += len(results)
+            self._room.notify()
         for job, result in zip(jobs, results, strict=True):
             try:
                 self.on_result(job, result)
@@ -214,8 +225,8 @@ class ProcessLane:
     def _ended(self, proc: _Proc) -> None:
         with self._lock:
             lost = len(proc.inflight)  # the waiting tasks are in it too
-            if lost:
-                self._slots.release(lost)
+            self._free += lost
+            self._room.notify()
             proc.inflight.clear()
             proc.waiting.clear()  # their jobs stay with the Downloader, which drops them
         if self._killing or (lost == 0 and self._stopping):

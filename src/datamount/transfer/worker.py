@@ -7,7 +7,7 @@ Protocol over its one Connection (pickled; secrets cross only here):
   parent -> worker  first a `Setup`; then lists of `Task`; None: finish
                     the tasks received, report them, exit.
   worker -> parent  lists of `Result` (one per task, in completion order),
-                    at the end its CPU seconds (a float).
+                    at the end a dict: its CPU seconds and peak RSS (MiB).
 A closed pipe (the parent died) ends the worker at once.
 
 Each file: pre-sized `.part` (O_DIRECT for aligned files >= DIRECT_MIN, as
@@ -117,7 +117,9 @@ class _Worker:
         self.store.close()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         with contextlib.suppress(OSError, ValueError):
-            self.conn.send(usage.ru_utime + usage.ru_stime)  # the last message: its CPU seconds
+            self.conn.send(
+                {"cpu": usage.ru_utime + usage.ru_stime, "rss_mib": usage.ru_maxrss / 1024}
+            )
 
     def _report(self) -> None:
         while True:
