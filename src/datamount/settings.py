@@ -315,6 +315,9 @@ class Settings(BaseModel):
     # fsync every downloaded file before its rename (durable across a power loss);
     # false: the rename alone (atomic for a process crash), at page-cache speed.
     download_fsync: Flag = Field(True, alias="DATAMOUNT_DOWNLOAD_FSYNC")
+    # > 1: a download's small files are fetched by that many worker processes
+    # (transfer.lane), each with its own connection pool and GIL; 1: in-process.
+    download_processes: Threads = Field(1, alias="DATAMOUNT_DOWNLOAD_PROCESSES")
 
     # -- operability (issue 13): Prometheus metrics of daemons and long transfers --
     # None: no metrics endpoint. 0: a free port (the daemon records its URL, see

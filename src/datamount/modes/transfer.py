@@ -194,6 +194,7 @@ def _download(
             reserved_free_disk_space=settings.reserved_free_disk_space,
             overwrite=overwrite,
             fsync=settings.download_fsync,
+            processes=settings.download_processes,
             manifest_dir=settings.cache_dir / "manifests",
         )
         downloader = Downloader(store, options, progress)

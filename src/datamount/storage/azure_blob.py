@@ -60,6 +60,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,19 @@ class AzureBlobStore(ObjectStore):
         # Per-call transport option of the SDK path: the same stall timeout.
         self._sdk_kw: dict[str, Any] = {"read_timeout": read_timeout}
         self._closed = False
+        self._recipe = AzureRecipe(
+            self.endpoint, container, self.credential, account, pool_size, read_timeout, ca_bundle,
+            (self.retry.retries, self.retry.base_delay, self.retry.max_delay),
+        )  # fmt: skip
+
+    def recipe(self) -> AzureRecipe | None:
+        """How another process opens the same store (transfer.lane's worker
+        processes); None for identity credentials, whose tokens this
+        process's azure-identity object renews."""
+        kind = self.credential.kind
+        if kind in (CredentialKind.USER_IDENTITY, CredentialKind.MANAGED_IDENTITY):
+            return None
+        return self._recipe
 
     @classmethod
     def from_location(
@@ -317,3 +331,28 @@ class AzureBlobStore(ObjectStore):
         if not self._closed:
             self._closed = True
             release(self.endpoint, self.container, self.credential)
+
+
+@dataclass(frozen=True)
+class AzureRecipe:
+    """The picklable arguments of an AzureBlobStore, secret included (it
+    travels over a worker's pipe only: never argv, environment or logs;
+    `credential` prints as its kind)."""
+
+    endpoint: str
+    container: str
+    credential: Credential
+    account: str
+    pool_size: int
+    read_timeout: float
+    ca_bundle: Path | None
+    retry: tuple[int, float, float]  # RetryPolicy's retries, base_delay, max_delay
+
+    def open(self, pool_size: int | None = None) -> AzureBlobStore:
+        retries, base, most = self.retry
+        return AzureBlobStore(
+            self.endpoint, self.container, self.credential, account=self.account,
+            pool_size=pool_size or self.pool_size, read_timeout=self.read_timeout,
+            ca_bundle=self.ca_bundle,
+            retry=RetryPolicy(retries, base, most),
+        )  # fmt: skip

@@ -18,9 +18,14 @@ final name.
   skipped with a warning naming it.
 - Memory: one reusable buffer of `range_size` per worker thread, plus at most
   `2 × threads` queued range tasks — never proportional to the data.
+- With `processes` > 1, files of one range go to worker processes
+  (transfer.lane: each its own store, pool and GIL, `threads / processes`
+  threads each) that write their `.part`; this process still lists, plans,
+  commits, renames and records them. Stores that cannot be opened in another
+  process (identity credentials, replicas, http, local) stay in-process.
 
 Threads: `threads` workers (ThreadPoolExecutor); the calling thread lists and
-schedules.
+schedules; with processes, the lane's collector thread finishes their files.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import contextlib
 import logging
 import mmap
 import os
+import resource
 import threading
 import time
 from collections.abc import Iterable
@@ -39,9 +45,11 @@ from pathlib import Path
 from datamount.errors import DataError, StorageError, VersionChanged
 from datamount.storage.base import ReadableStore
 from datamount.transfer.durable import GroupSync
+from datamount.transfer.lane import ProcessLane, rebuild
 from datamount.transfer.manifest import MANIFEST_NAME, Manifest
 from datamount.transfer.progress import Progress, human
 from datamount.transfer.source import SourceFile, folder_pages, single_file
+from datamount.transfer.worker import Result, Setup
 
 log = logging.getLogger("datamount.transfer.download")
 
@@ -75,6 +83,7 @@ class DownloadOptions:
     fsync: bool = True  # False: rename without fsync (process-crash safe, not power-loss safe)
     direct_io: bool = True  # O_DIRECT for aligned ranges of files >= DIRECT_MIN, where supported
     manifest_dir: Path | None = None  # None: the resume manifest lives in the destination
+    processes: int = 1  # > 1: the small-file lane in that many worker processes (transfer.lane)
 
 
 @dataclass
@@ -134,6 +143,9 @@ class Downloader:
         self._commit_lock = threading.Lock()
         self._restarts = 0
         self._direct = options.direct_io
+        self._lane: ProcessLane | None = None
+        self._recipe = getattr(store, "recipe", lambda: None)() if options.processes > 1 else None
+        self._lane_lock = threading.Lock()
 
     # -- entry point -------------------------------------------------------
 
@@ -152,6 +164,7 @@ class Downloader:
         """Copy every file of `pages` (pages of a listing, or any list the
         caller made: e.g. an evaluated MLTable) to `dest / file.rel`."""
         started = time.monotonic()
+        self._lane = None  # a lane serves one copy; started on its first small file
         manifest = Manifest(dest, source_id, self.options.manifest_dir)
         if not self.options.overwrite:
             try:
@@ -165,12 +178,13 @@ class Downloader:
         free = disk_free(_existing(dest))
         budget = free - self.options.reserved_free_disk_space
         log.info(
-            "download %s -> %s: %d threads, %s ranges, %s free beyond the reserve",
+            "download %s -> %s: %d threads, %s ranges, %s free beyond the reserve, %s",
             source_id,
             dest,
             self.options.threads,
             human(self.options.range_size),
             human(max(budget, 0)),
+            self._lane_line(),
         )
         manifest_open = False
         try:
@@ -194,6 +208,8 @@ class Downloader:
                             if self._cancel.is_set():
                                 break
                             self._start(src, dest)
+                        if self._lane is not None:
+                            self._lane.flush()
                         if self._cancel.is_set():
                             break
                 except BaseException as exc:
@@ -203,6 +219,16 @@ class Downloader:
             if self._error is None:
                 self._ensure_dir(dest)  # an empty folder is a result too
         finally:
+            if self._lane is not None:  # no worker writes after this
+                self._lane.close(kill=self._cancel.is_set())
+                own = resource.getrusage(resource.RUSAGE_SELF)
+                log.info(
+                    "download worker processes done: CPU s %s, peak RSS MiB %s (this "
+                    "process %.2f s in all)",
+                    " ".join(f"{u['cpu']:.2f}" for u in self._lane.usage),
+                    " ".join(f"{u['rss_mib']:.0f}" for u in self._lane.usage),
+                    own.ru_utime + own.ru_stime,
+                )
             self._cleanup_failed()  # may still record committed files
             manifest.close()
             self._sync.close()
@@ -264,6 +290,9 @@ class Downloader:
         job = _Job(src, final, final.with_name(f".{final.name}.part"))
         with self._jobs_lock:
             self._jobs.add(job)
+        if self._recipe is not None and self._lane_takes(src):
+            self._lane_start().submit(job, src.key, src.size, src.etag, str(job.part))
+            return
         self._open_part(job)
         if src.size == 0:
             self._finish(job)
@@ -450,6 +479,9 @@ class Downloader:
             self._close_fds(job)
             self._publish(job)
             return
+        self._join_group(job)
+
+    def _join_group(self, job: _Job) -> None:
         with self._group_lock:
             self._group.append(job)
             full = len(self._group) >= GROUP_COMMIT_FILES
@@ -458,6 +490,61 @@ class Downloader:
         else:
             with self._jobs_lock:
                 self._idle.notify_all()  # the last files may all be waiting for a commit
+
+    # -- the small-file lane in worker processes (transfer.lane) -------------
+
+    def _lane_line(self) -> str:
+        n = self.options.processes
+        if n <= 1:
+            return "in-process (DATAMOUNT_DOWNLOAD_PROCESSES=1)"
+        if self._recipe is None:
+            return f"in-process: {self.store!r} cannot be opened in a worker process"
+        return f"files up to {human(self._lane_max())} in {n} worker processes"
+
+    def _lane_max(self) -> int:
+        return min(self.options.range_size, GROUP_COMMIT_MAX_FILE)
+
+    def _lane_takes(self, src: SourceFile) -> bool:
+        return 0 < src.size <= self._lane_max() and self.store.supports_ranges
+
+    def _lane_start(self) -> ProcessLane:
+        with self._lane_lock:
+            if self._lane is None:
+                n = self.options.processes
+                setup = Setup(
+                    self._recipe, max(1, -(-self.options.threads // n)), self.options.range_size,
+                    self._direct, self.options.fsync, self._sync.dev, self.options.max_restarts,
+                )  # fmt: skip
+                try:
+                    self._lane = ProcessLane(n, setup, self._lane_done, self._fail)
+                except OSError as exc:  # fork / pipe limits
+                    raise DataError(f"cannot start the download worker processes: {exc}") from None
+                log.info("download worker processes started: pids %s", self._lane.pids)
+            return self._lane
+
+    def _lane_done(self, job: _Job, result: Result) -> None:
+        """A worker's report on one file (the collector thread): its `.part`
+        is complete and size-checked, or the error that stopped it."""
+        try:
+            stats = getattr(getattr(self.store, "retry", None), "stats", None)
+            if result.retries and stats is not None:
+                stats._add(retries=result.retries)
+            if result.error is not None:
+                raise rebuild(result.error)
+            if result.restarts:
+                self._restarts += result.restarts
+                job.src = SourceFile(job.src.key, job.src.rel, result.size, result.etag)
+            job.dev, job.written = result.dev, result.size
+            self.progress.add_bytes(result.size)
+            if self._cancel.is_set():
+                self._drop(job)
+            elif not self.options.fsync or result.durable:
+                self._publish(job)
+            else:
+                self._join_group(job)  # made durable by the group's syncfs
+        except BaseException as exc:
+            self._fail(exc)
+            self._drop(job)
 
     def _commit_group(self) -> None:
         """Make every file of the current group durable, then rename them all."""
@@ -471,9 +558,17 @@ class Downloader:
                 for job in group:
                     self._drop(job)
                 raise
-            for job in group:
-                self._close_fds(job)
-                self._publish(job)
+            renamed: list[_Job] = []
+            try:
+                for job in group:
+                    self._close_fds(job)
+                    os.replace(job.part, job.final)
+                    renamed.append(job)
+            finally:  # the group's files with their final names: one manifest write
+                self._manifest.record_many([(j.src.rel, j.src.size, j.src.etag) for j in renamed])
+                for job in renamed:
+                    self.progress.file_done()
+                    self._forget(job)
 
     def _publish(self, job: _Job) -> None:
         os.replace(job.part, job.final)

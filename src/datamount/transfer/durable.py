@@ -66,16 +66,23 @@ class GroupSync:
             self._fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._dev = os.fstat(self._fd).st_dev
 
+    @property
+    def dev(self) -> int:
+        """The st_dev one syncfs covers; -1 when every file is fsync'd."""
+        return self._dev if self._fd >= 0 and syncfs() is not None else -1
+
     def sync(self, files: Sequence[tuple[int, int]]) -> None:
         """Make durable every file of `files` ((fd, st_dev) pairs) whose
-        writes are all done; OSError if any of it could not be written."""
+        writes are all done; OSError if any of it could not be written.
+        fd -1: a file written by another process (transfer.lane) on `dev`,
+        which the syncfs covers."""
         call = syncfs()
         if self._fd < 0 or call is None:
             for fd, _ in files:
                 os.fsync(fd)
             return
         for fd, dev in files:
-            if dev != self._dev:  # another filesystem under DEST
+            if dev != self._dev and fd >= 0:  # another filesystem under DEST
                 os.fsync(fd)
         if any(dev == self._dev for _, dev in files) and call(self._fd) != 0:
             err = ctypes.get_errno()

@@ -2,8 +2,9 @@
 etag, kept in the destination (or in a folder of the caller's) so a re-run
 skips them.
 
-One JSON object per line, appended (and flushed) as each file completes, so a
-killed run loses at most the files in flight. The first line names the source;
+One JSON object per line, appended (and flushed) as each file completes, or
+as each group of files gets its final names (`record_many`: one write for the
+group), so a killed run loses at most the files in flight. The first line names the source;
 a manifest for another source is ignored. Thread-safe (one lock).
 """
 
@@ -68,11 +69,19 @@ class Manifest:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
     def record(self, rel: str, size: int, etag: str) -> None:
-        line = json.dumps({"rel": rel, "size": size, "etag": etag}) + "\n"
+        self.record_many([(rel, size, etag)])
+
+    def record_many(self, entries: list[tuple[str, int, str]]) -> None:
+        """Record complete files ((rel, size, etag) each) with one write."""
+        text = "".join(
+            json.dumps({"rel": rel, "size": size, "etag": etag}) + "\n"
+            for rel, size, etag in entries
+        )
         with self._lock:
-            self._done[rel] = (size, etag)
-            if self._file is not None:
-                self._file.write(line)
+            for rel, size, etag in entries:
+                self._done[rel] = (size, etag)
+            if self._file is not None and text:
+                self._file.write(text)
                 self._file.flush()
 
     def close(self) -> None:

@@ -1,0 +1,235 @@
+"""A worker process of the download's small-file lane (transfer.lane): it
+fetches whole small files into their `.part` files through a store of its
+own (its own connection pool, its own GIL) and reports each one back. It
+never gives a file its final name: the parent checks, commits and renames.
+
+Protocol over its one Connection (pickled; secrets cross only here):
+  parent -> worker  first a `Setup`; then lists of `Task`; None: finish
+                    the tasks received, report them, exit.
+  worker -> parent  lists of `Result` (one per task, in completion order),
+                    at the end a dict: its CPU seconds and peak RSS (MiB).
+A closed pipe (the parent died) ends the worker at once.
+
+Each file: pre-sized `.part` (O_DIRECT for aligned files >= DIRECT_MIN, as
+transfer.download does), ranges of `range_size` pinned to the etag, read
+into a per-thread buffer and written by position, size-checked. A blob
+changed mid-file restarts from its new version (at most `max_restarts`
+times). With fsync on, a file on another filesystem than the parent's
+group commit covers (`sync_dev`) is fsync'd here.
+
+Threads: `threads` fetch threads, one reporter thread (sends what finished,
+in batches), the main thread receives tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import queue
+import resource
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, NamedTuple
+
+from datamount.errors import DataError, StorageError, VersionChanged
+
+ALIGN = 4096  # as transfer.download
+DIRECT_MIN = 64 << 10
+
+
+@dataclass(frozen=True)
+class Setup:
+    recipe: Any  # a store recipe: `.open(pool_size)` gives a ReadableStore
+    threads: int
+    range_size: int
+    direct_io: bool
+    fsync: bool
+    sync_dev: int  # st_dev the parent's syncfs covers; -1: none (fsync here)
+    max_restarts: int
+
+
+class Task(NamedTuple):
+    """One file to fetch; sent as a plain tuple (a dataclass costs ~15 us
+    more per file to pickle and unpickle)."""
+
+    seq: int  # the lane's number for the file
+    key: str
+    size: int
+    etag: str
+    part: str
+
+
+class Result(NamedTuple):
+    """One file's outcome; sent as a plain tuple (as Task)."""
+
+    seq: int  # the lane's number for the file
+    size: int  # of the version written (a restart may change it)
+    etag: str
+    dev: int
+    durable: bool  # fsync'd here
+    restarts: int
+    retries: int  # this worker's retries since its last batch (first result only)
+    error: tuple[str, str, bool, int | None, int | None] | None = None  # see portable()
+
+
+def portable(exc: BaseException) -> tuple[str, str, bool, int | None, int | None]:
+    """An exception as (class name, message, transient, status, errno): the
+    storage error classes do not survive pickling (keyword-only fields)."""
+    if isinstance(exc, StorageError):
+        return (type(exc).__name__, exc.strerror or str(exc), exc.transient, exc.status, exc.errno)
+    if isinstance(exc, OSError):
+        name = f"{exc.strerror} ({os.fsdecode(exc.filename)})" if exc.filename else exc.strerror
+        return ("OSError", name or str(exc), False, None, exc.errno)
+    if isinstance(exc, DataError):
+        return ("DataError", str(exc), bool(getattr(exc, "transient", False)), None, None)
+    return (type(exc).__name__, str(exc) or type(exc).__name__, False, None, None)
+
+
+class _Worker:
+    def __init__(self, conn: Connection, setup: Setup) -> None:
+        self.conn = conn
+        self.setup = setup
+        self.store = setup.recipe.open(setup.threads)
+        self.results: queue.SimpleQueue[Result | None] = queue.SimpleQueue()
+        self.local = threading.local()
+        self.direct = setup.direct_io
+        self._retries_seen = 0
+
+    def run(self) -> None:
+        reporter = threading.Thread(target=self._report, name="report", daemon=True)
+        reporter.start()
+        with ThreadPoolExecutor(self.setup.threads, thread_name_prefix="fetch") as pool:
+            while True:
+                try:
+                    tasks = self.conn.recv()
+                except (EOFError, OSError):
+                    os._exit(1)  # the parent is gone: nothing to report to
+                if tasks is None:
+                    break
+                for task in tasks:
+                    pool.submit(self._fetch, Task._make(task))
+        self.results.put(None)
+        reporter.join()
+        self.store.close()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        with contextlib.suppress(OSError, ValueError):
+            self.conn.send(
+                {"cpu": usage.ru_utime + usage.ru_stime, "rss_mib": usage.ru_maxrss / 1024}
+            )
+
+    def _report(self) -> None:
+        while True:
+            first = self.results.get()
+            if first is None:
+                return
+            batch = [first]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < 256:
+                    item = self.results.get_nowait()
+                    if item is None:
+                        self.results.put(None)
+                        break
+                    batch.append(item)
+            stats = getattr(getattr(self.store, "retry", None), "stats", None)
+            total = stats.retries if stats is not None else 0
+            if total != self._retries_seen:
+                batch[0] = batch[0]._replace(retries=total - self._retries_seen)
+                self._retries_seen = total
+            try:
+                self.conn.send([tuple(r) for r in batch])
+            except (OSError, ValueError):
+                os._exit(1)
+
+    def _buffer(self) -> memoryview:
+        buf = getattr(self.local, "buf", None)
+        if buf is None:
+            buf = self.local.buf = memoryview(mmap.mmap(-1, self.setup.range_size))
+        return buf
+
+    def _fetch(self, task: Task) -> None:
+        size, etag, restarts = task.size, task.etag, 0
+        try:
+            while True:
+                try:
+                    dev, durable = self._write_file(task, size, etag)
+                    break
+                except VersionChanged:
+                    restarts += 1
+                    if restarts > self.setup.max_restarts:
+                        raise DataError(
+                            f"{task.key}: changed {restarts} times during the download; giving up"
+                        ) from None
+                    info = self.store.stat(task.key)
+                    size, etag = info.size, info.etag
+            self.results.put(Result(task.seq, size, etag, dev, durable, restarts, 0))
+        except BaseException as exc:  # reported; the parent fails the download
+            self.results.put(Result(task.seq, size, etag, -1, False, restarts, 0, portable(exc)))
+
+    def _write_file(self, task: Task, size: int, etag: str) -> tuple[int, bool]:
+        fd, dfd = self._open_part(task.part, size)
+        try:
+            step = self.setup.range_size
+            for offset in range(0, size, step):
+                view = self._buffer()[: min(step, size - offset)]
+                got = self.store.read_into(task.key, offset, view, etag=etag)
+                if got != len(view):
+                    raise StorageError(
+                        f"{task.key}: short read at {offset} ({got} of {len(view)} bytes)",
+                        transient=False,
+                    )
+                aligned = offset % ALIGN == 0 and len(view) % ALIGN == 0
+                _pwrite_all(dfd if dfd >= 0 and aligned else fd, view, offset)
+            st = os.fstat(fd)
+            if st.st_size != size:
+                raise DataError(f"{task.part}: size {st.st_size} after download, expected {size}")
+            durable = bool(self.setup.fsync and st.st_dev != self.setup.sync_dev)
+            if durable:
+                os.fsync(fd)
+            return st.st_dev, durable
+        finally:
+            for one in (fd, dfd):
+                if one >= 0:
+                    os.close(one)
+
+    def _open_part(self, path: str, size: int) -> tuple[int, int]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        direct = self.direct and size >= DIRECT_MIN
+        fd = dfd = -1
+        if direct and size % ALIGN == 0:
+            fd = self._open_direct(path, flags)
+        if fd < 0:
+            fd = os.open(path, flags, 0o644)
+            if direct and self.direct:
+                dfd = self._open_direct(path, os.O_WRONLY | os.O_CLOEXEC)
+        if size:
+            os.ftruncate(fd, size)
+        return fd, dfd
+
+    def _open_direct(self, path: str, flags: int) -> int:
+        try:
+            return os.open(path, flags | os.O_DIRECT, 0o644)
+        except OSError:  # tmpfs and some FUSE filesystems refuse O_DIRECT
+            self.direct = False
+            return -1
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def main(conn: Connection) -> None:
+    """The worker's entry point (started by transfer.lane, 'forkserver' or
+    'spawn'): the first message is its Setup. Ctrl-C reaches the whole
+    process group: the parent decides (it stops the workers), not the worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        setup = conn.recv()
+    except (EOFError, OSError):
+        return
+    _Worker(conn, setup).run()
