@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from datamount.transfer.download import disk_free
+from datamount.transfer.partfile import disk_free
 from datamount.transfer.progress import human
 from fuse_helpers import EXE, mounted
 

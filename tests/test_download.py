@@ -22,8 +22,9 @@ from datamount.storage import ObjectStore
 from datamount.storage.faults import FaultPlan, FaultyStore, connection_reset, forbidden, throttled
 from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
-from datamount.transfer.download import Downloader, DownloadOptions, NotEnoughSpace
+from datamount.transfer.download import Downloader, DownloadOptions
 from datamount.transfer.manifest import MANIFEST_NAME
+from datamount.transfer.plan import NotEnoughSpace
 from fuse_helpers import mount_env as cli_env
 
 RANGE = 64 * 1024  # small ranges: multi-range files stay small
@@ -328,7 +329,7 @@ def test_memory_is_bounded_by_threads_not_data(tmp_path: Path) -> None:
     blobs = {f"f{i}.bin": data(8 * RANGE) for i in range(20)}
     downloader = Downloader(MemoryStore(blobs), options(threads=3))
     made = []
-    original = downloader._buffer
+    original = downloader._buffers.get
 
     def spy() -> memoryview:
         buf = original()
@@ -336,7 +337,7 @@ def test_memory_is_bounded_by_threads_not_data(tmp_path: Path) -> None:
             made.append(buf)
         return buf
 
-    downloader._buffer = spy  # type: ignore[method-assign]
+    downloader._buffers.get = spy  # type: ignore[method-assign]
     downloader.download("", tmp_path, is_file=False, source_id="t")
     assert tree(tmp_path) == expected(blobs)
     assert 1 <= len(made) <= 3

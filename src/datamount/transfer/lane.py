@@ -26,6 +26,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import resource
 import signal
 import sys
 import threading
@@ -36,6 +37,7 @@ from typing import Any
 from datamount import errors
 from datamount.errors import DataError, StorageError
 from datamount.transfer import worker
+from datamount.transfer.progress import human
 from datamount.transfer.worker import Result, Setup
 
 log = logging.getLogger("datamount.transfer.lane")
@@ -244,6 +246,63 @@ class ProcessLane:
         )
         self.error = err
         self.on_dead(err)
+
+
+class OnDemand:
+    """A download's hold on its lane (the Downloader's side): which files go
+    to worker processes, the lane started on the first of them, its end.
+    Its lines go to the Downloader's `log`."""
+
+    def __init__(self, store: Any, processes: int, max_size: int, log: logging.Logger) -> None:
+        self.processes = processes
+        self.max_size = max_size  # files of one range that a group commit takes
+        self.recipe = getattr(store, "recipe", lambda: None)() if processes > 1 else None
+        self.lane: ProcessLane | None = None
+        self._store = store
+        self._log = log
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        """Where a download's small files go, for its start line."""
+        if self.processes <= 1:
+            return "in-process (DATAMOUNT_DOWNLOAD_PROCESSES=1)"
+        if self.recipe is None:
+            return f"in-process: {self._store!r} cannot be opened in a worker process"
+        return f"files up to {human(self.max_size)} in {self.processes} worker processes"
+
+    def takes(self, size: int) -> bool:
+        return self.recipe is not None and 0 < size <= self.max_size and self._store.supports_ranges
+
+    def get(
+        self,
+        setup: Callable[[Any], Setup],
+        on_result: Callable[[Any, Result], None],
+        on_dead: Callable[[BaseException], None],
+    ) -> ProcessLane:
+        """The lane, started on the first call (`setup(recipe)`: its workers'
+        Setup); one DataError where the OS refuses the processes."""
+        with self._lock:
+            if self.lane is None:
+                try:
+                    self.lane = ProcessLane(self.processes, setup(self.recipe), on_result, on_dead)
+                except OSError as exc:  # fork / pipe limits
+                    raise DataError(f"cannot start the download worker processes: {exc}") from None
+                self._log.info("download worker processes started: pids %s", self.lane.pids)
+            return self.lane
+
+    def close(self, *, kill: bool) -> None:
+        """Stop the lane (if started; `kill`: now) and log what its workers used."""
+        if self.lane is None:
+            return
+        self.lane.close(kill=kill)
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        self._log.info(
+            "download worker processes done: CPU s %s, peak RSS MiB %s (this "
+            "process %.2f s in all)",
+            " ".join(f"{u['cpu']:.2f}" for u in self.lane.usage),
+            " ".join(f"{u['rss_mib']:.0f}" for u in self.lane.usage),
+            own.ru_utime + own.ru_stime,
+        )
 
 
 def _kill(process: Any) -> None:

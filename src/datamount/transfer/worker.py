@@ -10,9 +10,9 @@ Protocol over its one Connection (pickled; secrets cross only here):
                     at the end a dict: its CPU seconds and peak RSS (MiB).
 A closed pipe (the parent died) ends the worker at once.
 
-Each file: pre-sized `.part` (O_DIRECT for aligned files >= DIRECT_MIN, as
-transfer.download does), ranges of `range_size` pinned to the etag, read
-into a per-thread buffer and written by position, size-checked. A blob
+Each file: pre-sized `.part` (transfer.partfile, as the Downloader's), ranges
+of `range_size` pinned to the etag, read into a per-thread buffer and written
+by position, size-checked. A blob
 changed mid-file restarts from its new version (at most `max_restarts`
 times). With fsync on, a file on another filesystem than the parent's
 group commit covers (`sync_dev`) is fsync'd here.
@@ -24,7 +24,6 @@ in batches), the main thread receives tasks.
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import queue
 import resource
@@ -36,9 +35,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 from datamount.errors import DataError, StorageError, VersionChanged
-
-ALIGN = 4096  # as transfer.download
-DIRECT_MIN = 64 << 10
+from datamount.transfer.partfile import Buffers, DirectIO, PartFile, changed, read_range
 
 
 @dataclass(frozen=True)
@@ -95,8 +92,8 @@ class _Worker:
         self.setup = setup
         self.store = setup.recipe.open(setup.threads)
         self.results: queue.SimpleQueue[Result | None] = queue.SimpleQueue()
-        self.local = threading.local()
-        self.direct = setup.direct_io
+        self.buffers = Buffers(setup.range_size)
+        self.direct = DirectIO(setup.direct_io)  # silent: the parent's log has the line
         self._retries_seen = 0
 
     def run(self) -> None:
@@ -144,12 +141,6 @@ class _Worker:
             except (OSError, ValueError):
                 os._exit(1)
 
-    def _buffer(self) -> memoryview:
-        buf = getattr(self.local, "buf", None)
-        if buf is None:
-            buf = self.local.buf = memoryview(mmap.mmap(-1, self.setup.range_size))
-        return buf
-
     def _fetch(self, task: Task) -> None:
         size, etag, restarts = task.size, task.etag, 0
         try:
@@ -159,68 +150,28 @@ class _Worker:
                     break
                 except VersionChanged:
                     restarts += 1
-                    if restarts > self.setup.max_restarts:
-                        raise DataError(
-                            f"{task.key}: changed {restarts} times during the download; giving up"
-                        ) from None
-                    info = self.store.stat(task.key)
+                    info = changed(self.store, task.key, restarts, self.setup.max_restarts)
                     size, etag = info.size, info.etag
             self.results.put(Result(task.seq, size, etag, dev, durable, restarts, 0))
         except BaseException as exc:  # reported; the parent fails the download
             self.results.put(Result(task.seq, size, etag, -1, False, restarts, 0, portable(exc)))
 
     def _write_file(self, task: Task, size: int, etag: str) -> tuple[int, bool]:
-        fd, dfd = self._open_part(task.part, size)
+        part = PartFile(task.part)
         try:
+            part.open(size, self.direct)
             step = self.setup.range_size
             for offset in range(0, size, step):
-                view = self._buffer()[: min(step, size - offset)]
-                got = self.store.read_into(task.key, offset, view, etag=etag)
-                if got != len(view):
-                    raise StorageError(
-                        f"{task.key}: short read at {offset} ({got} of {len(view)} bytes)",
-                        transient=False,
-                    )
-                aligned = offset % ALIGN == 0 and len(view) % ALIGN == 0
-                _pwrite_all(dfd if dfd >= 0 and aligned else fd, view, offset)
-            st = os.fstat(fd)
-            if st.st_size != size:
-                raise DataError(f"{task.part}: size {st.st_size} after download, expected {size}")
+                view = self.buffers.get()[: min(step, size - offset)]
+                read_range(self.store, task.key, offset, view, etag)
+                part.write(view, offset)
+            st = part.check(size)
             durable = bool(self.setup.fsync and st.st_dev != self.setup.sync_dev)
             if durable:
-                os.fsync(fd)
+                os.fsync(part.fd)
             return st.st_dev, durable
         finally:
-            for one in (fd, dfd):
-                if one >= 0:
-                    os.close(one)
-
-    def _open_part(self, path: str, size: int) -> tuple[int, int]:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        direct = self.direct and size >= DIRECT_MIN
-        fd = dfd = -1
-        if direct and size % ALIGN == 0:
-            fd = self._open_direct(path, flags)
-        if fd < 0:
-            fd = os.open(path, flags, 0o644)
-            if direct and self.direct:
-                dfd = self._open_direct(path, os.O_WRONLY | os.O_CLOEXEC)
-        if size:
-            os.ftruncate(fd, size)
-        return fd, dfd
-
-    def _open_direct(self, path: str, flags: int) -> int:
-        try:
-            return os.open(path, flags | os.O_DIRECT, 0o644)
-        except OSError:  # tmpfs and some FUSE filesystems refuse O_DIRECT
-            self.direct = False
-            return -1
-
-
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
+            part.close()
 
 
 def main(conn: Connection) -> None:
