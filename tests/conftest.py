@@ -110,17 +110,27 @@ def many_blobs(azurite: Azurite) -> tuple[str, dict[str, bytes]]:
     return client.container_name, MANY
 
 
-def store_on(azurite: Azurite, container: str) -> ObjectStore:
-    """An AzureBlobStore on `container` through the public factory, fast retries."""
+def store_on(
+    azurite: Azurite,
+    container: str,
+    *,
+    endpoint: str | None = None,
+    pool_size: int = 16,
+    retries: int = 3,
+) -> ObjectStore:
+    """An AzureBlobStore on `container` through the public factory, fast
+    retries; `endpoint`: another way to Azurite (e.g. a FaultProxy's)."""
     location = StorageLocation(
         StorageKind.BLOB,
         "",
         account=azurite.account,
         container=container,
-        endpoint=azurite.endpoint,
+        endpoint=endpoint or azurite.endpoint,
         credential=Credential.account_key(azurite.key),
     )
-    return open_store(location, pool_size=16, retry=RetryPolicy(retries=3, sleep=lambda s: None))
+    return open_store(
+        location, pool_size=pool_size, retry=RetryPolicy(retries=retries, sleep=lambda s: None)
+    )
 
 
 @pytest.fixture

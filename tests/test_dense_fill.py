@@ -335,19 +335,27 @@ def _random_preads(path: Path, body: bytes, count: int, bs: int, seed: int) -> s
     return touched
 
 
+@pytest.fixture
+def read_mounted(azurite, container, tmp_path: Path, mounts: Mounts, proxy: FaultProxy):  # noqa: ANN001, ANN201
+    """`run(name, body, count, seed)`: `body` seeded as ds/NAME, the folder
+    mounted through the proxy, then `count` random preads of blocks of MBS;
+    returns (mount point, its env, the blocks touched)."""
+
+    def run(name: str, body: bytes, count: int, seed: int) -> tuple[Path, dict[str, str], set[int]]:
+        azurite.seed(container, {f"ds/{name}": body})
+        env = env_for(azurite, tmp_path, container, via=proxy)
+        mp = mounts.point(tmp_path / "mnt")
+        mount_ok(folder_spec(tmp_path), mp, env)
+        return mp, env, _random_preads(mp / name, body, count, MBS, seed=seed)
+
+    return run
+
+
 def test_mount_dense_random_reader_fetches_the_file_once(
-    azurite,
-    container,
-    tmp_path: Path,
-    mounts: Mounts,
-    proxy: FaultProxy,  # noqa: ANN001
-) -> None:
+    read_mounted, mounts: Mounts, proxy: FaultProxy
+) -> None:  # noqa: ANN001
     body = random.Random(11).randbytes(128 * MBS)  # 8 MiB, 128 blocks of 64 KiB
-    azurite.seed(container, {"ds/dense.bin": body})
-    env = env_for(azurite, tmp_path, container, via=proxy)
-    mp = mounts.point(tmp_path / "mnt")
-    mount_ok(folder_spec(tmp_path), mp, env)
-    _random_preads(mp / "dense.bin", body, 400, MBS, seed=5)
+    mp, env, _ = read_mounted("dense.bin", body, 400, seed=5)
     # The fill finishes in the background: every byte of the file, once.
     assert wait_for(lambda: _gets_bytes(proxy, "ds/dense.bin") >= len(body), 30)
     assert read_direct(mp / "dense.bin") == body  # served by the cache: no GET more
@@ -359,19 +367,11 @@ def test_mount_dense_random_reader_fetches_the_file_once(
 
 
 def test_mount_sparse_random_reader_stays_on_demand(
-    azurite,
-    container,
-    tmp_path: Path,
-    mounts: Mounts,
-    proxy: FaultProxy,  # noqa: ANN001
-) -> None:
+    read_mounted, mounts: Mounts, proxy: FaultProxy
+) -> None:  # noqa: ANN001
     # 200 preads over 1 GiB of 2 MiB blocks (512), in proportion: 100 over 256 blocks.
     body = random.Random(12).randbytes(256 * MBS)
-    azurite.seed(container, {"ds/sparse.bin": body})
-    env = env_for(azurite, tmp_path, container, via=proxy)
-    mp = mounts.point(tmp_path / "mnt")
-    mount_ok(folder_spec(tmp_path), mp, env)
-    touched = _random_preads(mp / "sparse.bin", body, 100, MBS, seed=6)
+    mp, env, touched = read_mounted("sparse.bin", body, 100, seed=6)
     stats = unmount_ok(mounts, mp, env)["cache"]
     assert stats["dense_fills"] == 0 and stats["filled_blocks"] == 0, stats
     assert stats["bytes_fetched"] <= 2 * len(touched) * MBS, (len(touched), stats)
@@ -379,21 +379,13 @@ def test_mount_sparse_random_reader_stays_on_demand(
 
 
 def test_mount_reader_past_the_start_share_is_filled_within_twice_its_blocks(
-    azurite,
-    container,
-    tmp_path: Path,
-    mounts: Mounts,
-    proxy: FaultProxy,  # noqa: ANN001
-) -> None:
+    read_mounted, mounts: Mounts, proxy: FaultProxy
+) -> None:  # noqa: ANN001
     """150 preads over 256 blocks touch ~44 % of them: the fill starts and
     runs ahead of the reader, and what Azurite sent stays within 2 x the
     distinct blocks touched."""
     body = random.Random(13).randbytes(256 * MBS)
-    azurite.seed(container, {"ds/medium.bin": body})
-    env = env_for(azurite, tmp_path, container, via=proxy)
-    mp = mounts.point(tmp_path / "mnt")
-    mount_ok(folder_spec(tmp_path), mp, env)
-    touched = _random_preads(mp / "medium.bin", body, 150, MBS, seed=7)
+    mp, env, touched = read_mounted("medium.bin", body, 150, seed=7)
     assert 96 <= len(touched) < 128, len(touched)
     assert wait_for(lambda: _gets_bytes(proxy, "ds/medium.bin") > len(touched) * MBS, 30)
     stats = unmount_ok(mounts, mp, env)["cache"]

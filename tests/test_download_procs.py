@@ -12,17 +12,16 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from conftest import store_on
 from datamount.errors import AccessDenied, DataError, SettingsError
 from datamount.settings import Settings
-from datamount.storage import open_store
-from datamount.storage.credentials import Credential
-from datamount.storage.location import StorageKind, StorageLocation
+from datamount.storage import ObjectStore
 from datamount.storage.memory import MemoryStore
-from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import Downloader, DownloadOptions
 from datamount.transfer.manifest import MANIFEST_NAME
 
@@ -51,21 +50,25 @@ def options(**kw: object) -> DownloadOptions:
     return DownloadOptions(**{**base, **kw})  # type: ignore[arg-type]
 
 
-def store_via(proxy, azurite, container: str):  # noqa: ANN001, ANN201
-    location = StorageLocation(
-        StorageKind.BLOB,
-        "",
-        account=azurite.account,
-        container=container,
-        endpoint=proxy.endpoint,
-        credential=Credential.account_key(azurite.key),
-    )
-    return open_store(location, pool_size=8, retry=RetryPolicy(retries=2, sleep=lambda s: None))
+@pytest.fixture
+def seeded(azurite, container, proxy) -> Iterator[Callable[[dict[str, bytes]], ObjectStore]]:  # noqa: ANN001
+    """`seeded(blobs)`: `blobs` uploaded to the test's container, and a store
+    on it through the proxy (which sees every process's requests), closed
+    at the end of the test."""
+    stores: list[ObjectStore] = []
 
+    def make(blobs: dict[str, bytes]) -> ObjectStore:
+        for name, body in blobs.items():
+            container.upload_blob(name, body, overwrite=True)
+        store = store_on(
+            azurite, container.container_name, endpoint=proxy.endpoint, pool_size=8, retries=2
+        )
+        stores.append(store)
+        return store
 
-def seed(container, blobs: dict[str, bytes]) -> None:  # noqa: ANN001
-    for name, body in blobs.items():
-        container.upload_blob(name, body, overwrite=True)
+    yield make
+    for store in stores:
+        store.close()
 
 
 def small_tree(prefix: str, n: int) -> dict[str, bytes]:
@@ -80,50 +83,43 @@ def gets(proxy, blob: str) -> int:  # noqa: ANN001
 
 
 def test_worker_processes_download_every_byte_one_get_per_small_file(
-    azurite,
-    container,
+    seeded,
     proxy,
     tmp_path: Path,  # noqa: ANN001
 ) -> None:
     blobs = small_tree("lane", 30)
     blobs["lane/empty.bin"] = b""
     blobs["lane/big/ranges.bin"] = rng.randbytes(5 * RANGE + 1)  # stays in-process, 6 ranges
-    seed(container, blobs)
-    store = store_via(proxy, azurite, container.container_name)
-    try:
-        proxy.reset()
-        downloader = Downloader(store, options())
-        result = downloader.download("lane", tmp_path / "out", is_file=False, source_id="s")
-        assert downloader._lane is not None and len(downloader._lane.pids) == 2
-        want = {k[len("lane/") :]: sha(v) for k, v in blobs.items()}
-        assert tree(tmp_path / "out") == want
-        assert not parts(tmp_path / "out")
-        assert (result.files, result.bytes) == (32, sum(map(len, blobs.values())))
-        for name, body in blobs.items():
-            expected = 0 if not body else -(-len(body) // RANGE)
-            assert gets(proxy, name) == expected, name
-        # The manifest the parent kept: a re-run skips every file, fetches nothing.
-        proxy.reset()
-        again = Downloader(store, options()).download(
-            "lane", tmp_path / "out", is_file=False, source_id="s"
-        )
-        assert (again.files, again.skipped_files) == (0, 32)
-        assert not proxy.ranged_gets()
-    finally:
-        store.close()
+    store = seeded(blobs)
+    proxy.reset()
+    downloader = Downloader(store, options())
+    result = downloader.download("lane", tmp_path / "out", is_file=False, source_id="s")
+    assert downloader._lane is not None and len(downloader._lane.pids) == 2
+    want = {k[len("lane/") :]: sha(v) for k, v in blobs.items()}
+    assert tree(tmp_path / "out") == want
+    assert not parts(tmp_path / "out")
+    assert (result.files, result.bytes) == (32, sum(map(len, blobs.values())))
+    for name, body in blobs.items():
+        expected = 0 if not body else -(-len(body) // RANGE)
+        assert gets(proxy, name) == expected, name
+    # The manifest the parent kept: a re-run skips every file, fetches nothing.
+    proxy.reset()
+    again = Downloader(store, options()).download(
+        "lane", tmp_path / "out", is_file=False, source_id="s"
+    )
+    assert (again.files, again.skipped_files) == (0, 32)
+    assert not proxy.ranged_gets()
 
 
 def test_a_workers_storage_error_keeps_its_class_and_leaves_no_part(
-    azurite,
-    container,
+    seeded,
     proxy,
     tmp_path: Path,  # noqa: ANN001
 ) -> None:
     blobs = small_tree("deny", 12)
-    seed(container, blobs)
+    store = seeded(blobs)
     denied = "deny/d1/f004.bin"
     proxy.deny(denied)
-    store = store_via(proxy, azurite, container.container_name)
     try:
         with pytest.raises(AccessDenied, match="f004.bin"):
             Downloader(store, options()).download(
@@ -136,7 +132,6 @@ def test_a_workers_storage_error_keeps_its_class_and_leaves_no_part(
             assert digest == sha(blobs[f"deny/{rel}"])
     finally:
         proxy.allow(denied)
-        store.close()
 
 
 def _lane_pids(downloader: Downloader, deadline: float) -> list[int]:
@@ -149,15 +144,11 @@ def _lane_pids(downloader: Downloader, deadline: float) -> list[int]:
 
 
 def test_a_killed_worker_is_one_clear_error_and_no_partial_file(
-    azurite,
-    container,
-    proxy,
+    seeded,
     tmp_path: Path,  # noqa: ANN001
 ) -> None:
     blobs = small_tree("kill", 300)
-    seed(container, blobs)
-    store = store_via(proxy, azurite, container.container_name)
-    downloader = Downloader(store, options())
+    downloader = Downloader(seeded(blobs), options())
     outcome: list[BaseException] = []
 
     def run() -> None:
@@ -168,13 +159,10 @@ def test_a_killed_worker_is_one_clear_error_and_no_partial_file(
 
     thread = threading.Thread(target=run)
     thread.start()
-    try:
-        victim = _lane_pids(downloader, time.monotonic() + 30)[0]
-        os.kill(victim, signal.SIGKILL)
-        thread.join(60)
-        assert not thread.is_alive()
-    finally:
-        store.close()
+    victim = _lane_pids(downloader, time.monotonic() + 30)[0]
+    os.kill(victim, signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], DataError), outcome
     assert f"download worker process {victim} was killed by signal SIGKILL" in str(outcome[0])
     out = tmp_path / "out"
@@ -194,17 +182,14 @@ def _state(pid: int) -> str:
 
 def test_the_account_key_is_in_no_workers_argv_or_environment(
     azurite,
-    container,
-    proxy,
+    seeded,
     tmp_path: Path,  # noqa: ANN001
 ) -> None:
     key = azurite.key.encode()
     if any(key in v.encode() for v in os.environ.values()):
         pytest.skip("the test's own environment holds the key")
     blobs = small_tree("secret", 300)
-    seed(container, blobs)
-    store = store_via(proxy, azurite, container.container_name)
-    downloader = Downloader(store, options())
+    downloader = Downloader(seeded(blobs), options())
     thread = threading.Thread(
         target=downloader.download,
         args=("secret", tmp_path / "out"),
@@ -225,7 +210,6 @@ def test_the_account_key_is_in_no_workers_argv_or_environment(
                 seen += 1
     finally:
         thread.join(60)
-        store.close()
     assert seen >= 1
     assert tree(tmp_path / "out") == {k[len("secret/") :]: sha(v) for k, v in blobs.items()}
 
