@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from datamount.budget import DISK_QUEUE
@@ -79,11 +79,16 @@ class DenseFill:
 
     # -- any thread --------------------------------------------------------
 
-    def on_random_read(self, obj: ObjectId, first: int, last: int) -> None:
-        """A random read of blocks [first, last] of `obj`."""
+    def on_random_read(
+        self, obj: ObjectId, first: int, last: int, want: Mapping[int, int] | None = None
+    ) -> set[int]:
+        """A random read of blocks [first, last] of `obj`; `want` maps the
+        blocks it misses to the bytes a part read of each would fetch
+        (read/parts.py). Answers the blocks of `want` it may read in part;
+        the others it fetches whole."""
         with self._cond:
             if self._closed:
-                return
+                return set()
             policy = self._policies.get(obj)
             if policy is None:
                 policy = self._new_policy(obj)
@@ -93,18 +98,19 @@ class DenseFill:
             else:
                 self._policies.move_to_end(obj)
             started = policy.started
-            rest = policy.on_read(first, last)
+            granted, rest = policy.on_read_parts(first, last, want or {})
             if not rest:
-                return
+                return granted
             self._jobs.append((obj, rest))
             self._cond.notify_all()
         if started:
-            return
+            return granted
         self.stats.add(dense_fills=1)
         log.debug(
             "%s: random reads touched %d of %d blocks: filling %d of the others",
             obj.key, policy.touched, policy.block_count, len(rest),
         )  # fmt: skip
+        return granted
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Until every fill decided so far is fetched or given up (tests)."""
@@ -125,7 +131,9 @@ class DenseFill:
             log.debug("cache capacity: %s", exc)
             fits = False
         count = block_count(obj.size, self.fetcher.block_size)
-        return DensePolicy(count, fits=fits, run=self.fetcher.run_blocks)
+        return DensePolicy(
+            count, fits=fits, run=self.fetcher.run_blocks, block_size=self.fetcher.block_size
+        )
 
     def _wake(self, _: object = None) -> None:
         with self._cond:

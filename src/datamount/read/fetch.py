@@ -166,6 +166,14 @@ class BlockFetcher:
         self._submit([flight], demand=demand)
         return flight.future
 
+    def has(self, key: BlockKey) -> bool:
+        """The block is held, in flight or cached: a read of it costs no new
+        request (read/parts.py fetches a part only of a block it has not)."""
+        with self._lock:
+            if key in self._flights or key in self._held:
+                return True
+        return self._cache_contains(key)
+
     def prefetch(self, key: BlockKey) -> bool:
         """Fetch `key` in the background unless it is held, cached or in
         flight. False when the prefetch share of the memory budget is spent
