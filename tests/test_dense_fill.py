@@ -151,8 +151,15 @@ def test_a_first_part_read_prepays_its_block_and_is_filled_for_free() -> None:
     granted, rest = policy.on_read_parts(7, 7, {7: 10})
     assert granted == {7} and rest == [0, 1, 2, 3, 4]
     assert policy.spent == 4 * 110 + 3 * 100 <= 2 * policy.touched * 100
-    # A read of a block the fill has: no part (the cache will have it).
-    assert policy.on_read_parts(2, 2, {2: 10}) == (set(), [5, 6, 7, 8])  # 5 and 7 free
+    # A miss of a block the fill has not brought yet: a part, its fill paid already.
+    assert policy.on_read_parts(2, 2, {2: 10}) == ({2}, [5, 6, 7, 8])  # 5 and 7 free
+    assert policy.spent == 4 * 110 + 10 + 5 * 100 <= 2 * policy.touched * 100
+    assert policy.on_read_parts(9, 9, {9: 10}) == ({9}, [9, 10])
+    for i in (11, 12, 13, 14, 15):
+        policy.on_read_parts(i, i, {i: 10})
+    # Every block handed out: a miss of one still on the way reads in part.
+    assert policy.done and policy.on_read_parts(10, 10, {10: 10}) == ({10}, [])
+    assert policy.spent <= 2 * policy.touched * 100
 
 
 def test_a_part_read_again_within_the_allowance_else_whole() -> None:

@@ -167,10 +167,14 @@ class BlockFetcher:
         return flight.future
 
     def has(self, key: BlockKey) -> bool:
-        """The block is held, in flight or cached: a read of it costs no new
-        request (read/parts.py fetches a part only of a block it has not)."""
+        """The block is held, cached or on its way to a reader: a read of it
+        waits for no dense fill's run (read/parts.py reads a part of a block
+        it has not, rather than wait for a fill's 8 MiB GET)."""
         with self._lock:
-            if key in self._flights or key in self._held:
+            flight = self._flights.get(key)
+            if flight is not None:
+                return not flight.fill or flight.urgent or flight.future.done()
+            if key in self._held:
                 return True
         return self._cache_contains(key)
 

@@ -146,10 +146,11 @@ class DensePolicy:
             for index in range(max(0, first), min(last, self.block_count - 1) + 1):
                 was = state[index]
                 part = want.get(index)
-                if part is not None and not was & _COVERED:
+                if part is not None and not was & _WHOLE:
                     if not was & _TOUCHED:
-                        # +FACTOR blocks of allowance for the part and the prepaid block.
-                        self._spent += part + bs
+                        # +FACTOR blocks of allowance for the part and the prepaid
+                        # block (a filled one is paid already).
+                        self._spent += part + (0 if was & _FILLED else bs)
                         granted.add(index)
                     elif FACTOR * self._touched * bs - self._spent >= part:
                         self._spent += part  # a part again, within the allowance
@@ -198,7 +199,6 @@ class DensePolicy:
         self._fresh -= paid
         self._spent += paid * bs
         self.filled_count += len(rest)
-        if self._covered == self.block_count:
-            self.done = True
-            self._state = bytearray()  # no longer needed
+        # Every block handed out: kept for the misses of blocks still on the way.
+        self.done = self._covered == self.block_count
         return rest
