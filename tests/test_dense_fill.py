@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from datamount.read.cache.base import NoCache
 from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
-from datamount.read.prefetch.dense import START_SHARE, DensePolicy
+from datamount.read.prefetch.dense import PART_FILL_BYTES, START_SHARE, DensePolicy
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.reader import BlockReader
 from datamount.read.stats import MountStats
@@ -160,6 +160,28 @@ def test_a_first_part_read_prepays_its_block_and_is_filled_for_free() -> None:
     # Every block handed out: a miss of one still on the way reads in part.
     assert policy.done and policy.on_read_parts(10, 10, {10: 10}) == ({10}, [])
     assert policy.spent <= 2 * policy.touched * 100
+
+
+def test_a_file_read_in_parts_is_filled_once_its_part_misses_cost_the_fill() -> None:
+    """benchmarks/mount.py's 2,000 seeded 64 KiB preads over 1 GiB of 2 MiB
+    blocks, missing in parts: no fill yet (2,048 part misses buy the 1 GiB
+    fill, PART_FILL_BYTES); a reader that goes on gets the file filled, within
+    the bound in bytes."""
+    size, block, pread = 1 << 30, 2 << 20, 64 * 1024
+    rng = random.Random(4)
+    policy = DensePolicy(size // block, fits=True, run=4, block_size=block)
+    assert policy.part_threshold == size // PART_FILL_BYTES == 2048
+    filled: set[int] = set()
+    for n in range(3000):
+        off = rng.randrange(0, size - pread + 1)
+        first, last = off // block, (off + pread - 1) // block
+        want = {i: 128 * 1024 for i in range(first, last + 1) if i not in filled}
+        granted, rest = policy.on_read_parts(first, last, want)
+        filled.update(rest)
+        assert policy.spent <= 2 * policy.touched * block
+        if n < 2000:
+            assert not policy.started
+    assert policy.started and len(filled) == size // block
 
 
 def test_a_part_read_again_within_the_allowance_else_whole() -> None:
