@@ -6,7 +6,9 @@ count as a sequential stream) is reported with `on_random_read`; one
 DensePolicy per object version (prefetch/dense.py), shared by every handle
 on it, decides when and how much of the file to fill: nothing until the
 reads have touched START_SHARE of its blocks, then, read after read, as
-much as keeps the blocks touched or filled within 2 x the blocks touched.
+much as keeps the bytes fetched within 2 x the blocks touched x the block
+size (a file read in parts: once its part misses pay for the fill); it also
+grants a random miss a part read (read/parts.py).
 A file is a candidate only if it takes at most FIT_SHARE of the cache (RAM
 tier + disk tier limit, from `capacity()`): a fill must neither prune its
 own first blocks nor flush the whole cache.

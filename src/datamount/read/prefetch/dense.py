@@ -29,13 +29,17 @@ is spent), so a part-read block is filled for nothing more:
   allowance grows by about one block per new block touched and by two per
   first read of a filled block, so a dense reader's hits pay for the fill:
   the fill runs ahead of the reader at the storage's speed.
+- a file read in parts is filled only once the reads that missed in part
+  reach its size / PART_FILL_BYTES (ski rental in reader time: see there);
+  a miss of a block handed out to the fill but not there yet reads in part.
 
 Measured on the 2,000 seeded 64 KiB preads over 1 GiB (benchmarks/mount.py
 workload 3; a simulation of the same reads): the fill at half the blocks
 (the first rule) left 256 whole-block demand misses, serial in one reader
-thread; whole-block misses with this rule, ~205; with part reads, 265
-misses of 64-128 KiB each and no whole one, the fill from read 230, 1,056
-MiB fetched for the 1,024 MiB file.
+thread; whole-block misses with this rule, ~205; with part reads (before
+PART_FILL_BYTES), 265 misses of 64-128 KiB each and no whole one, the fill
+from read 230, 1,056 MiB fetched for the 1,024 MiB file; with it, no fill
+and 266 MiB.
 
 No threads, no I/O, no locks: the caller serialises calls.
 """
