@@ -5,7 +5,7 @@ sequential stream) of a block in no cache tier and not in flight costs a
 whole-block GET today: 2 MiB for a 64 KiB pread, 8-60 ms on a loaded
 storage. When the file's DensePolicy grants it (read/prefetch/dense.py:
 the bytes stay within its sparse bound), the read fetches only its own
-range, rounded out to PART_ALIGN within the block: one ranged GET pinned to
+range, rounded out to PART_ALIGN (a page) within the block: one ranged GET pinned to
 the etag like every block fetch, on the scheduler's demand lane, answered
 from those bytes and not cached (a partial block is no block: the cache
 tiers, the single flight and the fill deal in whole blocks only; the
@@ -30,8 +30,15 @@ from datamount.read.blocks import BlockKey
 from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.scheduler import SchedulerClosed
 
-# A part read covers its range rounded out to this many bytes (within the block).
-PART_ALIGN = 64 * 1024
+# A part read covers its range rounded out to this many bytes (within the
+# block): a page. Measured (benchmarks/mount.py workload 3, whose 64 KiB
+# preads reach the daemon as 68 KiB reads): 64 KiB rounding fetched 266 MiB
+# at 1.39-1.43 daemon CPU-s, 4 KiB 152 MiB at 1.26 CPU-s, wall time alike.
+PART_ALIGN = 4096
+# ...and only in blocks larger than this: a GET of a small block costs about
+# what a part of it does (the per-request cost dominates; README: 1-4 MiB
+# ranges read at 300-490 MB/s), and the block is then cached.
+PART_MIN_BLOCK = 256 * 1024
 
 
 def part_span(lo: int, hi: int, block_len: int, align: int) -> tuple[int, int]:

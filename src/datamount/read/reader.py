@@ -39,7 +39,7 @@ from typing import Protocol
 from datamount.read.blocks import BlockKey, ObjectId, block_count, blocks_for
 from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
-from datamount.read.parts import PART_ALIGN, fetch_part, part_span
+from datamount.read.parts import PART_ALIGN, PART_MIN_BLOCK, fetch_part, part_span
 from datamount.read.prefetch.policy import PrefetchPolicy, reorder_slack
 from datamount.storage.base import ObjectStore
 
@@ -107,7 +107,7 @@ class BlockHandle:
         block_size: int,
         max_window: int,
         dense: DenseFill | None = None,
-        part_align: int = PART_ALIGN,
+        part_align: int = 0,
     ) -> None:
         self.fetcher = fetcher
         self._part_align = part_align
@@ -232,7 +232,7 @@ class BlockReader:
     `max_window` is DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT; `dense`, the
     mount's DenseFill (None: random readers stay on demand, in whole
     blocks); `part_align`, the rounding of a random miss's part read (0:
-    whole blocks). Closing the
+    whole blocks), used only in blocks larger than `part_min_block`. Closing the
     reader closes its fetcher (the scheduler, cache, store and DenseFill
     belong to the composition root)."""
 
@@ -244,6 +244,7 @@ class BlockReader:
         *,
         dense: DenseFill | None = None,
         part_align: int = PART_ALIGN,
+        part_min_block: int = PART_MIN_BLOCK,
     ) -> None:
         if block_size != fetcher.block_size:
             raise ValueError(
@@ -255,7 +256,8 @@ class BlockReader:
         self.dense = dense
         if part_align < 0:
             raise ValueError("part_align must be >= 0")
-        self.part_align = part_align
+        # Blocks of at most part_min_block bytes are always fetched whole.
+        self.part_align = part_align if block_size > part_min_block else 0
 
     def open(self, obj: ObjectId) -> ReadHandle:
         return BlockHandle(

@@ -22,7 +22,7 @@ is spent), so a part-read block is filled for nothing more:
   the file stays on demand: a sparse reader (200 random 64 KiB preads over
   1 GiB of 2 MiB blocks touch ~172 of 512 blocks, 34 %) never pays for a
   block it did not read, and with part reads not even for the rest of the
-  blocks it read (25 MiB instead of 344 MiB);
+  blocks it read (13 MiB instead of 344 MiB, parts of 4 KiB pages);
 - from there on, every answer fills as many blocks as the invariant allows,
   in multiples of `run` blocks (one ranged GET each; the tail of the file
   may be shorter), the prepaid part-read blocks on the way for free. The
@@ -37,9 +37,9 @@ Measured on the 2,000 seeded 64 KiB preads over 1 GiB (benchmarks/mount.py
 workload 3; a simulation of the same reads): the fill at half the blocks
 (the first rule) left 256 whole-block demand misses, serial in one reader
 thread; whole-block misses with this rule, ~205; with part reads (before
-PART_FILL_BYTES), 265 misses of 64-128 KiB each and no whole one, the fill
-from read 230, 1,056 MiB fetched for the 1,024 MiB file; with it, no fill
-and 266 MiB.
+PART_FILL_BYTES; 64 KiB rounding), 265 misses of 64-128 KiB each and no
+whole one, the fill from read 230, 1,056 MiB fetched for the 1,024 MiB
+file; with it, no fill and 266 MiB (152 MiB with PART_ALIGN's 4 KiB).
 
 No threads, no I/O, no locks: the caller serialises calls.
 """
