@@ -6,7 +6,9 @@ count as a sequential stream) is reported with `on_random_read`; one
 DensePolicy per object version (prefetch/dense.py), shared by every handle
 on it, decides when and how much of the file to fill: nothing until the
 reads have touched START_SHARE of its blocks, then, read after read, as
-much as keeps the blocks touched or filled within 2 x the blocks touched.
+much as keeps the bytes fetched within 2 x the blocks touched x the block
+size (a file read in parts: once its part misses pay for the fill); it also
+grants a random miss a part read (read/parts.py).
 A file is a candidate only if it takes at most FIT_SHARE of the cache (RAM
 tier + disk tier limit, from `capacity()`): a fill must neither prune its
 own first blocks nor flush the whole cache.
@@ -36,7 +38,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from datamount.budget import DISK_QUEUE
@@ -79,11 +81,16 @@ class DenseFill:
 
     # -- any thread --------------------------------------------------------
 
-    def on_random_read(self, obj: ObjectId, first: int, last: int) -> None:
-        """A random read of blocks [first, last] of `obj`."""
+    def on_random_read(
+        self, obj: ObjectId, first: int, last: int, want: Mapping[int, int] | None = None
+    ) -> set[int]:
+        """A random read of blocks [first, last] of `obj`; `want` maps the
+        blocks it misses to the bytes a part read of each would fetch
+        (read/parts.py). Answers the blocks of `want` it may read in part;
+        the others it fetches whole."""
         with self._cond:
             if self._closed:
-                return
+                return set()
             policy = self._policies.get(obj)
             if policy is None:
                 policy = self._new_policy(obj)
@@ -93,18 +100,19 @@ class DenseFill:
             else:
                 self._policies.move_to_end(obj)
             started = policy.started
-            rest = policy.on_read(first, last)
+            granted, rest = policy.on_read_parts(first, last, want or {})
             if not rest:
-                return
+                return granted
             self._jobs.append((obj, rest))
             self._cond.notify_all()
         if started:
-            return
+            return granted
         self.stats.add(dense_fills=1)
         log.debug(
             "%s: random reads touched %d of %d blocks: filling %d of the others",
             obj.key, policy.touched, policy.block_count, len(rest),
         )  # fmt: skip
+        return granted
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Until every fill decided so far is fetched or given up (tests)."""
@@ -125,7 +133,9 @@ class DenseFill:
             log.debug("cache capacity: %s", exc)
             fits = False
         count = block_count(obj.size, self.fetcher.block_size)
-        return DensePolicy(count, fits=fits, run=self.fetcher.run_blocks)
+        return DensePolicy(
+            count, fits=fits, run=self.fetcher.run_blocks, block_size=self.fetcher.block_size
+        )
 
     def _wake(self, _: object = None) -> None:
         with self._cond:

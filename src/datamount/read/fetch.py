@@ -166,6 +166,18 @@ class BlockFetcher:
         self._submit([flight], demand=demand)
         return flight.future
 
+    def has(self, key: BlockKey) -> bool:
+        """The block is held, cached or on its way to a reader: a read of it
+        waits for no dense fill's run (read/parts.py reads a part of a block
+        it has not, rather than wait for a fill's 8 MiB GET)."""
+        with self._lock:
+            flight = self._flights.get(key)
+            if flight is not None:
+                return not flight.fill or flight.urgent or flight.future.done()
+            if key in self._held:
+                return True
+        return self._cache_contains(key)
+
     def prefetch(self, key: BlockKey) -> bool:
         """Fetch `key` in the background unless it is held, cached or in
         flight. False when the prefetch share of the memory budget is spent

@@ -14,7 +14,9 @@ are positional, there is no shared file position.
   wants ahead, then waits for its own blocks only and assembles the bytes.
   A read outside a sequential stream is also reported to the mount's
   DenseFill (read/dense.py), which fills the rest of a file whose random
-  reads became dense.
+  reads became dense, and grants its misses part reads (read/parts.py:
+  only the read's range, rounded out to `part_align` bytes, not cached)
+  within the file's sparse bound; a sequential read fetches whole blocks.
   Consistency: every block is keyed by the handle's etag, so a read returns
   bytes of that one version; once the object changes, a read that needs a
   block not yet fetched fails with ESTALE (blocks already held or cached keep
@@ -37,6 +39,7 @@ from typing import Protocol
 from datamount.read.blocks import BlockKey, ObjectId, block_count, blocks_for
 from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
+from datamount.read.parts import PART_ALIGN, PART_MIN_BLOCK, fetch_part, part_span
 from datamount.read.prefetch.policy import PrefetchPolicy, reorder_slack
 from datamount.storage.base import ObjectStore
 
@@ -104,8 +107,10 @@ class BlockHandle:
         block_size: int,
         max_window: int,
         dense: DenseFill | None = None,
+        part_align: int = 0,
     ) -> None:
         self.fetcher = fetcher
+        self._part_align = part_align
         self.obj = obj
         # Without a prefetch window (max_window 0) every read looks random: no fill.
         self._dense = dense if max_window > 0 else None
@@ -139,8 +144,9 @@ class BlockHandle:
         return pos
 
     def _parts(self, offset: int, size: int) -> Iterator[tuple[bytes, int, int]]:
-        """(block bytes, start, end) of each block the read covers, in order;
-        every fetch and prefetch is scheduled before the first is awaited."""
+        """(bytes, start, end) of each block (or part of one) the read covers,
+        in order; every fetch and prefetch is scheduled before the first is
+        awaited."""
         if offset < 0 or size < 0:
             raise OSError(errno.EINVAL, f"invalid read: offset={offset} size={size}")
         if self._closed:
@@ -148,23 +154,57 @@ class BlockHandle:
         blocks = blocks_for(offset, size, self.obj.size, self.block_size)
         if not blocks:
             return iter(())
-        # Demand first: these fetches are queued before the prefetches below.
-        futures = [self.fetcher.start(BlockKey(self.obj, i)) for i in blocks]
+        end = offset + min(size, self.obj.size - offset)
         with self._lock:
             ahead = self._policy.on_read(blocks[0], blocks[-1])
             random = self._policy.window == 0
-        self._prefetch(ahead)
         if random and self._dense is not None:
-            self._dense.on_random_read(self.obj, blocks[0], blocks[-1])
-        end = offset + min(size, self.obj.size - offset)
+            futures = self._random(blocks, offset, end)
+        else:  # demand first: these fetches are queued before the prefetches below
+            futures = [(self.fetcher.start(BlockKey(self.obj, i)), 0) for i in blocks]
+        self._prefetch(ahead)
         return self._slices(blocks, futures, offset, end)
 
+    def _random(
+        self, blocks: Sequence[int], offset: int, end: int
+    ) -> list[tuple[Future[bytes], int]]:
+        """A random read: reported to the DenseFill, which grants part reads
+        (read/parts.py) of the blocks it misses. (future, offset of its first
+        byte in the block) per block."""
+        assert self._dense is not None
+        spans: dict[int, tuple[int, int]] = {}
+        if self._part_align:
+            for index in blocks:
+                base = index * self.block_size
+                length = min(self.block_size, self.obj.size - base)
+                lo, hi = part_span(
+                    max(offset, base) - base, min(end, base + length) - base, length,
+                    self._part_align,
+                )  # fmt: skip
+                if hi - lo < length and not self.fetcher.has(BlockKey(self.obj, index)):
+                    spans[index] = (lo, hi)
+        want = {i: hi - lo for i, (lo, hi) in spans.items()}
+        granted = self._dense.on_random_read(self.obj, blocks[0], blocks[-1], want)
+        futures = []
+        for index in blocks:
+            key = BlockKey(self.obj, index)
+            if index in granted:
+                lo, hi = spans[index]
+                futures.append((fetch_part(self.fetcher, key, lo, hi), lo))
+            else:
+                futures.append((self.fetcher.start(key), 0))
+        return futures
+
     def _slices(
-        self, blocks: Sequence[int], futures: list[Future[bytes]], offset: int, end: int
+        self,
+        blocks: Sequence[int],
+        futures: list[tuple[Future[bytes], int]],
+        offset: int,
+        end: int,
     ) -> Iterator[tuple[bytes, int, int]]:
-        for index, future in zip(blocks, futures, strict=True):
+        for index, (future, start) in zip(blocks, futures, strict=True):
             data = future.result()
-            base = index * self.block_size
+            base = index * self.block_size + start  # the file offset of data[0]
             yield data, max(offset, base) - base, min(end, base + len(data)) - base
 
     def _prefetch(self, ahead: list[int]) -> None:
@@ -190,7 +230,9 @@ class BlockReader:
     """Block mode: reads through the BlockFetcher with adaptive prefetch.
 
     `max_window` is DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT; `dense`, the
-    mount's DenseFill (None: random readers stay on demand). Closing the
+    mount's DenseFill (None: random readers stay on demand, in whole
+    blocks); `part_align`, the rounding of a random miss's part read (0:
+    whole blocks), used only in blocks larger than `part_min_block`. Closing the
     reader closes its fetcher (the scheduler, cache, store and DenseFill
     belong to the composition root)."""
 
@@ -201,6 +243,8 @@ class BlockReader:
         max_window: int,
         *,
         dense: DenseFill | None = None,
+        part_align: int = PART_ALIGN,
+        part_min_block: int = PART_MIN_BLOCK,
     ) -> None:
         if block_size != fetcher.block_size:
             raise ValueError(
@@ -210,9 +254,15 @@ class BlockReader:
         self.block_size = block_size
         self.max_window = max_window
         self.dense = dense
+        if part_align < 0:
+            raise ValueError("part_align must be >= 0")
+        # Blocks of at most part_min_block bytes are always fetched whole.
+        self.part_align = part_align if block_size > part_min_block else 0
 
     def open(self, obj: ObjectId) -> ReadHandle:
-        return BlockHandle(self.fetcher, obj, self.block_size, self.max_window, self.dense)
+        return BlockHandle(
+            self.fetcher, obj, self.block_size, self.max_window, self.dense, self.part_align
+        )
 
     def close(self) -> None:
         self.fetcher.close()

@@ -46,6 +46,10 @@ class MountStats:
     # were filled in the background, and the blocks fetched by those fills.
     dense_fills: int = 0
     filled_blocks: int = 0
+    # Part reads (read/parts.py): random misses that fetched only the bytes
+    # they needed (their requests and bytes are in fetch_requests and
+    # bytes_fetched too, not in blocks_fetched).
+    part_reads: int = 0
     on_read: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
