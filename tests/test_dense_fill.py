@@ -546,7 +546,10 @@ def test_mount_reader_past_the_start_share_is_filled_within_twice_its_blocks(
     stats = unmount_ok(mounts, mp, env)["cache"]
     assert stats["dense_fills"] == 1 and stats["filled_blocks"] > 0, stats
     assert stats["bytes_fetched"] <= 2 * len(touched) * MBS, (len(touched), stats)
-    assert _gets_bytes(proxy, "ds/medium.bin") == stats["bytes_fetched"]
+    # What Azurite sent: the daemon's count, plus at most a fill range cut by
+    # the unmount (sent, never counted); the bound holds for it as well.
+    sent = _gets_bytes(proxy, "ds/medium.bin")
+    assert stats["bytes_fetched"] <= sent <= 2 * len(touched) * MBS, (sent, len(touched), stats)
 
 
 def test_mount_random_misses_fetch_only_their_parts_sequential_whole_blocks(
