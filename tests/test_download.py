@@ -24,7 +24,7 @@ from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
 from datamount.transfer.download import Downloader, DownloadOptions
 from datamount.transfer.manifest import MANIFEST_NAME
-from datamount.transfer.plan import NotEnoughSpace
+from datamount.transfer.plan import SPAN_RANGES, NotEnoughSpace, span_ranges
 from fuse_helpers import mount_env as cli_env
 
 RANGE = 64 * 1024  # small ranges: multi-range files stay small
@@ -563,3 +563,33 @@ def test_a_folder_shadows_a_blob_of_the_same_name(tmp_path: Path) -> None:
     )
     assert tree(tmp_path) == expected({k: v for k, v in blobs.items() if k != "c/x"}, "c/")
     assert result.files == 4
+
+
+def test_big_files_come_in_spans(azurite, container, azure_store, tmp_path: Path) -> None:  # noqa: ANN001
+    """A file with at least two spans per thread: one GET per span of up to
+    SPAN_RANGES ranges, read through the range-size buffer; smaller files:
+    one GET per range, as before."""
+    blobs = {"s/big.bin": data(32 * RANGE + 7), "s/small.bin": data(3 * RANGE + 5)}
+    azurite.seed(container, blobs)
+    gets: list[str] = []
+
+    def hook(method: str, path: str, headers: dict[str, str], status: int) -> None:
+        if method == "GET" and "x-ms-range" in headers:
+            gets.append(path.rsplit("/", 1)[-1])
+
+    azure_store.raw.hooks.append(hook)
+    downloader = Downloader(azure_store, options(threads=2))
+    downloader.download("s", tmp_path, is_file=False, source_id="t")
+    assert tree(tmp_path) == expected(blobs, "s/")
+    assert no_parts(tmp_path)
+    # 32 ranges + 7 bytes, 2 threads: spans of 8 ranges -> 5 GETs (the last 7 bytes)
+    assert Counter(gets) == {"big.bin": 5, "small.bin": 4}
+    assert downloader.progress.bytes == sum(len(v) for v in blobs.values())
+
+
+def test_span_ranges_keep_two_spans_per_thread() -> None:
+    r = 8 << 20
+    assert span_ranges(1 << 30, r, 8) == SPAN_RANGES == 8  # 1 GiB: 16 GETs of 64 MiB
+    assert span_ranges(256 << 20, r, 8) == 2  # 16 GETs of 16 MiB
+    assert span_ranges(100 << 20, r, 8) == 1  # a GET per range
+    assert span_ranges(0, r, 8) == 1

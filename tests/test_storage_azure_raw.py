@@ -428,3 +428,80 @@ def test_threads_share_the_pool(stub: tuple[Stub, str]) -> None:
     assert errors == [] and len(state.ranges) == 100
     assert state.connections <= 4
     store.close()
+
+
+# -- read_span: one GET for many pieces of the caller's buffer ------------------
+
+
+class Pieces:
+    """A read_span sink: what reached it, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, bytes]] = []
+
+    def __call__(self, view: memoryview, pos: int) -> None:
+        self.seen.append((pos, bytes(view)))
+
+    def joined(self, start: int) -> bytes:
+        out = b""
+        for pos, data in self.seen:
+            assert pos == start + len(out)  # contiguous: no piece twice, none missing
+            out += data
+        return out
+
+
+@pytest.mark.azurite
+def test_read_span_is_one_request_read_through_the_buffer(
+    azurite: Azurite, container: ContainerClient
+) -> None:
+    container.upload_blob("s/blob", DATA)
+    store = key_store(azurite, container)
+    etag = store.stat("s/blob").etag
+    seen = Requests(store)
+    sink = Pieces()
+    assert store.read_span("s/blob", 333, 300_000, buffer(1 << 16), sink, etag=etag) == 300_000
+    assert [len(d) for _, d in sink.seen] == [1 << 16] * 4 + [300_000 - 4 * (1 << 16)]
+    assert sink.joined(333) == DATA[333 : 333 + 300_000]
+    assert [(m, r) for m, r, _ in seen.seen] == [("GET", f"bytes=333-{333 + 300_000 - 1}")]
+    tail = Pieces()  # past the end: short, still one request
+    assert store.read_span("s/blob", SIZE - 100, 5000, buffer(64), tail) == 100
+    assert tail.joined(SIZE - 100) == DATA[-100:]
+    assert len(seen.seen) == 2
+    store.close()
+
+
+def test_read_span_retry_asks_only_for_what_the_sink_has_not_had(
+    stub: tuple[Stub, str],
+) -> None:
+    state, root = stub
+    state.script = ["reset"]  # half the body, then a TCP reset
+    policy = fast_retry(3)
+    store = stub_store(root, retry=policy)
+    sink = Pieces()
+    assert store.read_span("b", 1234, 300_000, buffer(50_000), sink) == 300_000
+    assert sink.joined(1234) == DATA[1234 : 1234 + 300_000]
+    assert policy.stats.retries == 1 and len(state.ranges) == 2
+    first, second = state.ranges
+    assert first == f"bytes=1234-{1234 + 300_000 - 1}"
+    start = int(second.removeprefix("bytes=").split("-")[0])  # type: ignore[union-attr]
+    assert (start - 1234) % 50_000 == 0 and 1234 <= start <= 1234 + 150_000
+    assert second == f"bytes={start}-{1234 + 300_000 - 1}"
+    store.close()
+
+
+def test_read_span_sink_errors_are_raised_unchanged_and_not_retried(
+    stub: tuple[Stub, str],
+) -> None:
+    state, root = stub
+    policy = fast_retry(3)
+    store = stub_store(root, retry=policy)
+
+    def full(view: memoryview, pos: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError) as info:
+        store.read_span("b", 0, 200_000, buffer(50_000), full)
+    assert type(info.value) is OSError and info.value.errno == errno.ENOSPC
+    assert len(state.ranges) == 1 and policy.stats.retries == 0
+    assert store.read("b", 10, 20) == DATA[10:30]  # the pool is still usable
+    store.close()

@@ -491,3 +491,29 @@ def test_read_only_stores_refuse_every_write_before_any_request(kind: str) -> No
         assert op in str(info.value) and "SECRET" not in str(info.value)
     if origin is not None:
         assert origin.total_requests == 0
+
+
+@pytest.mark.parametrize(
+    ("offset", "length", "piece"), [(0, SIZE, 4096), (7, 10_000, 3000), (SIZE - 5, 100, 64)]
+)
+def test_read_span_hands_every_piece_in_order(
+    readable: tuple[ReadableStore, str], offset: int, length: int, piece: int
+) -> None:
+    store, key = readable
+    etag = store.stat(key).etag
+    seen: list[tuple[int, bytes]] = []
+    got = store.read_span(
+        key,
+        offset,
+        length,
+        memoryview(bytearray(piece)),
+        lambda v, p: seen.append((p, bytes(v))),
+        etag=etag,
+    )
+    want = SOURCE[offset : offset + length]
+    assert got == len(want)
+    out = b""
+    for pos, data in seen:
+        assert pos == offset + len(out) and 0 < len(data) <= piece
+        out += data
+    assert out == want

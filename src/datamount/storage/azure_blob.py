@@ -8,9 +8,10 @@ one number of repeats):
 
 - raw Blob REST requests (storage.azure_raw, signed by storage.azure_auth,
   answers read by storage.azure_list) for everything a download or a mount
-  does: `list_pages`, `stat`, `read`, `read_into`, and for `stage_block` and
-  `put`: one bounded ranged GET per read, the body read straight into the
-  caller's buffer (`read_into`) or into one new bytes object (`read`);
+  does: `list_pages`, `stat`, `read`, `read_into`, `read_span`, and for
+  `stage_block` and `put`: one bounded ranged GET per read, the body read
+  straight into the caller's buffer (`read_into`; `read_span`: a piece of
+  the buffer's size at a time) or into one new bytes object (`read`);
 - the SDK's ContainerClient for `commit_blocks`, `copy` and `delete`, where
   its cost does not matter. It is imported on the first of those calls
   (storage.azure_clients): importing it costs more than a small download.
@@ -59,7 +60,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,10 @@ __all__ = ["AzureBlobStore", "account_of"]
 
 COPY_POLL_MAX = 1.0
 COPY_TIMEOUT = 3600.0
+
+
+class _SinkFailed(Exception):
+    """read_span's sink raised: ends the request, never retried."""
 
 
 class AzureBlobStore(ObjectStore):
@@ -234,6 +239,47 @@ class AzureBlobStore(ObjectStore):
             etag=etag,
             timeout=self.read_timeout,
         )
+        return n
+
+    def read_span(
+        self,
+        key: str,
+        offset: int,
+        length: int,
+        buffer: memoryview,
+        sink: Callable[[memoryview, int], None],
+        *,
+        etag: str | None = None,
+    ) -> int:
+        """One GET for the whole span, read through `buffer` (RawClient.get_pieces);
+        a retry asks again for what has not reached `sink` yet."""
+        if not isinstance(buffer, memoryview):
+            buffer = memoryview(buffer)
+        check_range(offset, length)
+        if not length or not len(buffer):
+            return 0
+        done = 0  # bytes [offset, offset + done) went to the sink
+        failed: list[BaseException] = []
+
+        def piece(view: memoryview, pos: int) -> None:
+            nonlocal done
+            try:
+                sink(view, pos)
+            except BaseException as exc:  # the caller's (a local disk): not a storage error
+                failed.append(exc)
+                raise _SinkFailed from None
+            done = pos + len(view) - offset
+
+        def rest() -> int:
+            start = offset + done
+            return done + self.raw.get_pieces(
+                key, start, length - done, buffer, piece, etag=etag, timeout=self.read_timeout
+            )
+
+        try:
+            n: int = self._call("read", key, rest)
+        except _SinkFailed:
+            raise failed[0] from None
         return n
 
     # -- writes ------------------------------------------------------------

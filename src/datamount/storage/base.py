@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -128,6 +128,36 @@ class ReadableStore(Protocol):
                 view, pos = view[written:], pos + written
             if n < len(buffer):
                 return pos
+
+    def read_span(
+        self,
+        key: str,
+        offset: int,
+        length: int,
+        buffer: memoryview,
+        sink: Callable[[memoryview, int], None],
+        *,
+        etag: str | None = None,
+    ) -> int:
+        """Bytes [offset, offset + length) through `buffer`, piece by piece:
+        each filled piece (`buffer`'s size, the last one shorter) goes to
+        `sink(piece, position)` before the next is read; the byte count (short
+        only at the end of the object). Memory: the caller's buffer. `etag`
+        pins the version as in `read`; an exception from `sink` is raised
+        unchanged (never retried). This default reads each piece with
+        `read_into` (one request each); AzureBlobStore asks for the whole
+        span in one request (fewer requests for the same buffer).
+        """
+        pos, end = offset, offset + length
+        while pos < end:
+            want = min(len(buffer), end - pos)
+            n = self.read_into(key, pos, buffer[:want], etag=etag)
+            if n:
+                sink(buffer[:n], pos)
+            pos += n
+            if n < want:
+                break
+        return pos - offset
 
     def local_path(self, key: str) -> str | None:
         """The local file that holds `key`, where the store's objects are

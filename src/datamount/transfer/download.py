@@ -28,6 +28,7 @@ schedules; with processes, the lane's collector thread finishes their files.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -52,8 +53,9 @@ from datamount.transfer.partfile import (
     changed,
     local_errors,
     read_range,
+    read_span,
 )
-from datamount.transfer.plan import Plan
+from datamount.transfer.plan import Plan, span_ranges
 from datamount.transfer.progress import Progress, human
 from datamount.transfer.source import SourceFile, folder_pages, single_file
 from datamount.transfer.worker import Result, Setup
@@ -244,7 +246,10 @@ class Downloader:
                 self._slots.acquire()
             self._pool.submit(self._fetch, job, 0, -1, slots)
             return
-        size, step = job.src.size, self.options.range_size
+        size = job.src.size
+        step = self.options.range_size * span_ranges(
+            size, self.options.range_size, self.options.threads
+        )
         ranges = [(off, min(step, size - off)) for off in range(0, size, step)]
         with job.lock:
             job.pending = len(ranges)
@@ -256,20 +261,23 @@ class Downloader:
     # -- workers ----------------------------------------------------------
 
     def _fetch(self, job: _Job, offset: int, length: int, slot: bool) -> None:
-        """One range into the .part; `length` -1: the whole file in one GET,
-        written as it arrives (no buffer of its size: a store without ranges)."""
+        """One span (transfer.plan.span_ranges) into the .part, piece by
+        piece; `length` -1: the whole file in one GET, written as it arrives
+        (no buffer of its size: a store without ranges)."""
         try:
             if self._cancel.is_set() or job.stale:
                 return
             if length < 0:
                 length = self.store.stream_into(job.src.key, job.part.fd, etag=job.src.etag)
-            else:
+                self._landed(job, length)
+            elif length <= self.options.range_size:  # one range: one read_into
                 view = self._buffers.get()[:length]
                 read_range(self.store, job.src.key, offset, view, job.src.etag)
-                job.part.write(view, offset)
-            with job.lock:
-                job.written += length
-            self.progress.add_bytes(length)
+                self._write(job, view, offset)
+            else:  # a span of ranges: each piece written as it arrives
+                sink = functools.partial(self._write, job)
+                buffer = self._buffers.get()
+                read_span(self.store, job.src.key, offset, length, buffer, sink, job.src.etag)
         except VersionChanged:
             job.stale = True
         except BaseException as exc:
@@ -278,6 +286,15 @@ class Downloader:
             if slot:
                 self._slots.release()
             self._range_done(job)
+
+    def _write(self, job: _Job, view: memoryview, offset: int) -> None:
+        job.part.write(view, offset)
+        self._landed(job, len(view))
+
+    def _landed(self, job: _Job, n: int) -> None:
+        with job.lock:
+            job.written += n
+        self.progress.add_bytes(n)
 
     def _range_done(self, job: _Job) -> None:
         with job.lock:

@@ -26,7 +26,7 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +137,24 @@ def read_range(store: ReadableStore, key: str, offset: int, view: memoryview, et
     if got != len(view):
         raise StorageError(
             f"{key}: short read at {offset} ({got} of {len(view)} bytes)", transient=False
+        )
+
+
+def read_span(
+    store: ReadableStore,
+    key: str,
+    offset: int,
+    length: int,
+    buffer: memoryview,
+    sink: Callable[[memoryview, int], None],
+    etag: str,
+) -> None:
+    """Bytes [offset, offset+length) of `key` through `buffer` into `sink`
+    (ReadableStore.read_span), pinned to `etag`; short is as in `read_range`."""
+    got = store.read_span(key, offset, length, buffer, sink, etag=etag)
+    if got != length:
+        raise StorageError(
+            f"{key}: short read at {offset} ({got} of {length} bytes)", transient=False
         )
 
 

@@ -7,6 +7,7 @@ any of them starts.
   ('a//b' and 'a/b': doubled slashes collapse), with a warning naming it.
 - The free-space check runs on each page: its files' bytes against what the
   disk had at the start, less the reserve and what earlier pages will write.
+- A big file's requests: spans of up to SPAN_RANGES ranges (`span_ranges`).
 
 Threads: the Downloader's calling thread only.
 """
@@ -24,6 +25,20 @@ from datamount.transfer.progress import Progress, human
 from datamount.transfer.source import SourceFile
 
 log = logging.getLogger("datamount.transfer.download")  # its lines are the download's
+
+
+# A big file is fetched in spans of up to this many ranges: one GET each,
+# read through the thread's range-size buffer (memory stays threads x range).
+# Measured (1 GiB blob, HTTPS Azurite, 8 threads, medians of 8 runs): 128 GETs
+# of 8 MiB cost Azurite 2.7 s of CPU, 16 GETs of 64 MiB 2.1 s (rclone, 64 MiB
+# chunks: 2.2-2.4 s); the download 1.17x as fast (median of the pairs).
+SPAN_RANGES = 8
+
+
+def span_ranges(size: int, range_size: int, threads: int) -> int:
+    """Ranges per GET for a file of `size`: up to SPAN_RANGES, as long as
+    each of `threads` still gets two spans of it (1: a GET per range)."""
+    return max(1, min(SPAN_RANGES, size // (range_size * threads * 2)))
 
 
 class NotEnoughSpace(DataError):
