@@ -43,7 +43,7 @@ class RetryStats:
     exhausted: int = 0  # calls that spent every retry and raised
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def _add(self, *, retries: int = 0, throttled: int = 0, exhausted: int = 0) -> None:
+    def add(self, *, retries: int = 0, throttled: int = 0, exhausted: int = 0) -> None:
         with self._lock:
             self.retries += retries
             self.throttled += throttled
@@ -123,12 +123,12 @@ class RetryPolicy:
                 if not is_transient(exc):
                     raise
                 if attempt >= self.retries:
-                    self.stats._add(exhausted=1)
+                    self.stats.add(exhausted=1)
                     raise _final(exc, attempt, description) from exc
                 retry_after = exc.retry_after if isinstance(exc, StorageError) else None
                 delay = self.backoff(attempt, retry_after)
                 throttled = _status(exc) in THROTTLE_STATUSES
-                self.stats._add(retries=1, throttled=int(throttled))
+                self.stats.add(retries=1, throttled=int(throttled))
                 attempt += 1
                 # The message of a StorageError is built by storage.errors from
                 # status, error code and blob name: it never holds a secret.

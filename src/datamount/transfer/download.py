@@ -379,7 +379,7 @@ class Downloader:
         try:
             stats = getattr(getattr(self.store, "retry", None), "stats", None)
             if result.retries and stats is not None:
-                stats._add(retries=result.retries)
+                stats.add(retries=result.retries)
             if result.error is not None:
                 raise rebuild(result.error)
             if result.restarts:
