@@ -27,9 +27,10 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
+from datamount.mountinfo import FSTYPE, split_lines, unescape
+
 log = logging.getLogger("datamount.hints")
 
-FSTYPE = "fuse.datamount"
 SEND_TIMEOUT = 2.0  # seconds: a daemon that does not answer by then is skipped
 
 
@@ -41,20 +42,6 @@ def hint_socket(mountpoint: str | os.PathLike[str], uid: int | None = None) -> P
     return Path(f"/tmp/datamount-{user}") / f"{digest}.sock"
 
 
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
-    raw = field.encode("utf-8", "surrogateescape")
-    out, i = bytearray(), 0
-    while i < len(raw):
-        if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit():
-            out.append(int(raw[i + 1 : i + 4], 8))
-            i += 4
-        else:
-            out.append(raw[i])
-            i += 1
-    return out.decode("utf-8", "surrogateescape")
-
-
 def datamount_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[tuple[str, int]]:
     """(mount point, user id of the daemon) of every datamount mount."""
     try:
@@ -62,14 +49,12 @@ def datamount_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[tup
     except OSError:
         return []
     found = []
-    for line in text.splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
+    for fields, tail in split_lines(text):
         if len(fields) < 5 or len(tail) < 3 or tail[0] != FSTYPE:
             continue
         options = dict(o.partition("=")[::2] for o in tail[2].split(","))
         uid = options.get("user_id", "")
-        found.append((_unescape(fields[4]), int(uid) if uid.isdigit() else os.geteuid()))
+        found.append((unescape(fields[4]), int(uid) if uid.isdigit() else os.geteuid()))
     return found
 
 

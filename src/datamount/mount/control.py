@@ -45,7 +45,6 @@ from typing import Any
 
 from datamount.errors import DataError, DatamountError, OutputError
 from datamount.mount.table import (
-    FSTYPE,
     POLL,
     find_mount,
     fusermount,
@@ -53,6 +52,7 @@ from datamount.mount.table import (
     mount_key,
     unmount_while_busy,
 )
+from datamount.mountinfo import FSTYPE
 from datamount.write.journal import Leftovers, died_message
 
 log = logging.getLogger("datamount.mountd")

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from datamount.mount import control, outputs
-from datamount.mount.table import FSTYPE, find_mount
+from datamount.mount.table import find_mount
+from datamount.mountinfo import FSTYPE
 
 
 @dataclass(frozen=True)

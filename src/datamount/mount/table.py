@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-FSTYPE = "fuse.datamount"
+from datamount.mountinfo import split_lines, unescape
+
 POLL = 0.1
 
 
@@ -26,28 +27,12 @@ class MountEntry:
     device: str  # "major:minor"
 
 
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
-    out = bytearray()
-    raw = field.encode("utf-8", "surrogateescape")
-    i = 0
-    while i < len(raw):
-        if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit():
-            out.append(int(raw[i + 1 : i + 4], 8))
-            i += 4
-        else:
-            out.append(raw[i])
-            i += 1
-    return out.decode("utf-8", "surrogateescape")
-
-
 def mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[MountEntry]:
     entries = []
-    for line in mountinfo.read_text(encoding="utf-8", errors="surrogateescape").splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
+    text = mountinfo.read_text(encoding="utf-8", errors="surrogateescape")
+    for fields, tail in split_lines(text):
         if len(fields) >= 5 and len(tail) >= 2:
-            entries.append(MountEntry(_unescape(fields[4]), tail[0], _unescape(tail[1]), fields[2]))
+            entries.append(MountEntry(unescape(fields[4]), tail[0], unescape(tail[1]), fields[2]))
     return entries
 
 

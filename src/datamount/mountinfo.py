@@ -1,0 +1,36 @@
+"""/proc/self/mountinfo, read the one way: its lines split into the fields
+before and after the " - " separator, and the octal escapes of its paths
+undone. Used by mount/table.py (the mount table) and data/hints.py (a
+loader finding its mount from inside a training process), which sit in
+different layers.
+
+No threads, no I/O: the callers read the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+FSTYPE = "fuse.datamount"  # what a datamount mount shows as its type
+
+
+def unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as \\ooo octal."""
+    raw = field.encode("utf-8", "surrogateescape")
+    out, i = bytearray(), 0
+    while i < len(raw):
+        if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit():
+            out.append(int(raw[i + 1 : i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def split_lines(text: str) -> Iterator[tuple[list[str], list[str]]]:
+    """(fields before " - ", fields after it) of each line: mount point at
+    [0][4], device at [0][2]; fstype, source, super options at [1][0:3]."""
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        yield left.split(), right.split()
