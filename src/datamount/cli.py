@@ -232,21 +232,14 @@ def _run_job(args: argparse.Namespace) -> int:
         return _fail(exc)
     temporary = args.workdir is None
     try:
-        workdir = jobenv.make_workdir(args.workdir, run_name)
+        workdir, settings = jobenv.workdir_settings(
+            args.workdir, run_name, env, args.cache_dir, args.log_dir
+        )
     except DatamountError as exc:
         return _fail(exc)
-    log_dir = args.log_dir or workdir / "system_logs" / "data_capability"
-    settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=log_dir)
     _start_logging(settings, "run")
     ctx = Context(settings, env, Path.cwd(), args.workspace, run_name)
-
-    def say(line: str) -> None:
-        # A closed stderr (a pipe to `head`, a hung-up terminal) must never
-        # stop a job from writing its outputs and unmounting.
-        try:
-            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-        except OSError:
-            log.info("%s (stderr closed)", line)
+    say = jobenv.say
 
     def body() -> int:
         return jobrun.JobRun(ctx, spec, workdir, say=say).run()

@@ -11,16 +11,21 @@ command. No threads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 from datamount import runhistory
 from datamount.context import Context
 from datamount.errors import DatamountError, InvalidInput, SpecError
+from datamount.settings import Settings
 from datamount.spec import REFERENCE, DataInput, JobSpec
 from datamount.uris import LocationKind
 
@@ -42,6 +47,44 @@ def make_workdir(workdir: str | None, run: str) -> Path:
         return path
     except OSError as exc:
         raise DatamountError(f"--workdir {workdir}: {exc.strerror or exc}") from None
+
+
+def workdir_settings(
+    workdir: str | None,
+    run: str,
+    env: Mapping[str, str],
+    cache_dir: Path | str | None,
+    log_dir: Path | str | None,
+) -> tuple[Path, Settings]:
+    """The run's working folder (make_workdir) and its settings, whose log
+    folder is `log_dir` or, as Azure ML has it, the workdir's
+    system_logs/data_capability."""  # fmt: skip
+    path = make_workdir(workdir, run)
+    logs = log_dir or path / "system_logs" / "data_capability"
+    return path, Settings.from_env(env, cache_dir=cache_dir, log_dir=logs)
+
+
+def say(line: str) -> None:
+    """One `datamount: ...` line on stderr. A closed stderr (a pipe to
+    `head`, a hung-up terminal) must never stop a run from writing its
+    outputs and unmounting: the line goes to the runtime log instead."""
+    try:
+        print(f"datamount: {line}", file=sys.stderr, flush=True)
+    except OSError:
+        log.info("%s (stderr closed)", line)
+
+
+@contextlib.contextmanager
+def handling(
+    signals: Sequence[signal.Signals], handle: Callable[[int, FrameType | None], None]
+) -> Iterator[None]:
+    """`handle` for `signals` while the block runs; the handlers they had after it."""
+    previous = {s: signal.signal(s, handle) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def command_env(environ: Mapping[str, str], values: Mapping[str, str], run: str) -> dict[str, str]:

@@ -324,13 +324,8 @@ class JobRun:
             log.warning("run interrupted by signal %d", signum)
             raise KeyboardInterrupt
 
-        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        previous = {s: signal.signal(s, handle) for s in signals}
-        try:
+        with jobenv.handling((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), handle):
             yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
     # -- after the command ------------------------------------------------------
 

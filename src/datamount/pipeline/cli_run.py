@@ -21,7 +21,6 @@ from datamount.pipeline.commands import prepare_run
 from datamount.pipeline.runner import PipelineRun
 from datamount.settings import Settings
 
-PROG = "datamount"
 DEFAULT_PARALLEL = 2
 
 
@@ -44,23 +43,18 @@ def run_pipeline(
         return fail(exc)
     temporary = args.workdir is None
     try:
-        workdir = jobenv.make_workdir(args.workdir, run)
+        workdir, settings = jobenv.workdir_settings(
+            args.workdir, run, env, args.cache_dir, args.log_dir
+        )
     except DatamountError as exc:
         return fail(exc)
-    log_dir = args.log_dir or workdir / "system_logs" / "data_capability"
-    settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=log_dir)
     start_logging(settings, "run")
     ctx = Context(settings, env, Path.cwd(), args.workspace, run)
     argv = [sys.executable, "-m", "datamount.cli"]
     if ctx.workspace_path().is_file():
         argv += ["--workspace", str(ctx.workspace_path().resolve())]
     argv += ["--cache-dir", str(settings.cache_dir)]
-
-    def say(line: str) -> None:
-        try:
-            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-        except OSError:  # a closed stderr must not stop the steps
-            return
+    say = jobenv.say
 
     say(f"pipeline {run}: {len(jobs)} steps in {workdir}, up to {parallel} at a time")
     runner = PipelineRun(ctx, pipeline, jobs, workdir, argv=argv, say=say, parallel=parallel)

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from datamount import runhistory
+from datamount import jobenv, runhistory
 from datamount.context import Context
 from datamount.errors import EXIT_OK, EXIT_OUTPUTS, DatamountError
 from datamount.pipeline.graph import Pipeline
@@ -150,13 +150,8 @@ class PipelineRun:
                     with contextlib.suppress(ProcessLookupError):
                         child.send_signal(signum)
 
-        signals = (signal.SIGTERM, signal.SIGHUP)
-        previous = {s: signal.signal(s, handle) for s in signals}
-        try:
+        with jobenv.handling((signal.SIGTERM, signal.SIGHUP), handle):
             yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
     # -- after the steps -----------------------------------------------------------
 
