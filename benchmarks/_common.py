@@ -450,6 +450,14 @@ def signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, deferred)
 
 
+def detach_leftovers(workdir: Path) -> None:
+    """Detach (fusermount3 -uz) every mount still under `workdir`, with a warning each."""
+    with open("/proc/mounts") as mounts:
+        for mp in [m.split()[1] for m in mounts if m.split()[1].startswith(str(workdir))]:
+            print(f"warning: {mp} was still mounted: detaching it", file=sys.stderr)
+            subprocess.run(["fusermount3", "-uz", mp], capture_output=True, timeout=30)
+
+
 def end_mount(mountpoint: Path, pids: set[int], unmount: Sequence[str] = (), **run: Any) -> None:
     """Take a FUSE mount down and end the processes serving it: the `unmount` command
     first if given (15 s for `pids` to exit after it), then SIGTERM (10 s), then

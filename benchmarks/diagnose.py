@@ -481,10 +481,8 @@ def main(argv: list[str]) -> int:
         print("\ninterrupted", file=sys.stderr)
         return 130
     finally:
-        with bc.signals_deferred(), open("/proc/mounts") as mounts:
-            for mp in [m.split()[1] for m in mounts if m.split()[1].startswith(str(workdir))]:
-                print(f"warning: {mp} was still mounted: detaching it", file=sys.stderr)
-                subprocess.run(["fusermount3", "-uz", mp], capture_output=True, timeout=30)
+        with bc.signals_deferred():
+            bc.detach_leftovers(workdir)
             bench.stop()
             if opts.keep:
                 print(f"kept {workdir}")
