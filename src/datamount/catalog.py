@@ -74,14 +74,21 @@ Entry = AssetVersion | ModelVersion
 REGISTRY_SECTIONS = ("data_assets", "models")
 
 
-def read_registry_file(path: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """The versions registered by jobs, per section and name ({} when none yet)."""
+def _load(path: Path) -> Any:
+    """The registry file's YAML ({} when empty), None when there is none yet."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
-        return {}
+        return None
     except (OSError, yaml.YAMLError) as exc:
         raise WorkspaceError(f"asset registry {path}: cannot read it: {exc}") from None
+
+
+def read_registry_file(path: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The versions registered by jobs, per section and name ({} when none yet)."""
+    data = _load(path)
+    if data is None:
+        return {}
     if not isinstance(data, dict):
         raise WorkspaceError(f"asset registry {path}: expected 'data_assets:' lists of versions")
     sections: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -96,12 +103,9 @@ def read_registry_file(path: Path) -> dict[str, dict[str, list[dict[str, Any]]]]
 def read_components(path: Path) -> dict[str, list[dict[str, Any]]]:
     """The components registered with `datamount component create`, per name
     (each version: `{version, created, component: <its YAML mapping>}`)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
+    data = _load(path)
+    if data is None:
         return {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise WorkspaceError(f"asset registry {path}: cannot read it: {exc}") from None
     components = data.get("components", {}) if isinstance(data, dict) else None
     if not isinstance(components, dict) or not all(
         isinstance(v, list) for v in components.values()
