@@ -326,6 +326,21 @@ def test_a_reset_mid_body_is_retried_whole(stub: tuple[Stub, str]) -> None:
     store.close()
 
 
+def test_read_into_views_is_one_request_and_a_reset_refills_every_buffer(
+    stub: tuple[Stub, str],
+) -> None:
+    state, root = stub
+    state.script = ["reset"]
+    policy = fast_retry(3)
+    store = stub_store(root, retry=policy)
+    views = [buffer(100_000), buffer(1), buffer(150_000)]
+    assert store.read_into_views("b", 77, views) == 250_001
+    assert b"".join(views) == DATA[77 : 77 + 250_001]
+    assert state.ranges == [f"bytes=77-{77 + 250_001 - 1}"] * 2  # one GET, retried whole
+    assert policy.stats.retries == 1
+    store.close()
+
+
 def test_503_with_retry_after_is_retried(stub: tuple[Stub, str]) -> None:
     state, root = stub
     state.script = ["busy", "busy"]

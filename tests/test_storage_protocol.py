@@ -160,6 +160,22 @@ def test_read_into_reuses_one_buffer(store: ObjectStore) -> None:
     assert plain == SOURCE[99:199]
 
 
+def test_read_into_views_fills_consecutive_buffers_in_order(store: ObjectStore) -> None:
+    store.put("views", SOURCE)
+    etag = store.stat("views").etag
+    sizes = [4096, 1, 70_000, 333]
+    for offset in (0, 5, SIZE - 50_000):
+        raws = [bytearray([FILL]) * n for n in sizes]
+        n = store.read_into_views("views", offset, [memoryview(r) for r in raws], etag=etag)
+        want = SOURCE[offset : offset + sum(sizes)]
+        assert n == len(want)  # short only at the end of the object
+        joined = b"".join(raws)
+        assert joined[:n] == want
+        assert joined[n:] == bytes([FILL]) * (sum(sizes) - n)  # the rest left as it was
+    assert store.read_into_views("views", SIZE, [memoryview(bytearray(8))] * 2) == 0
+    assert store.read_into_views("views", 0, []) == 0
+
+
 @pytest.mark.parametrize("kind", ["memory", "local"])
 def test_random_reads_equal_source_slices(kind: str, tmp_path: Path) -> None:
     s: ObjectStore = MemoryStore() if kind == "memory" else LocalStore(tmp_path)

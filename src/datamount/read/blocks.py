@@ -5,6 +5,11 @@ the identity of a cached block. No I/O, no threads; imports nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeAlias
+
+# A block's bytes as the caches hold them: `bytes`, or a read-only memoryview of
+# the buffer it was fetched into (read/fetch.py: never copied out of it).
+BlockData: TypeAlias = bytes | memoryview
 
 
 @dataclass(frozen=True)

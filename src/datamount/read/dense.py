@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from datamount.budget import DISK_QUEUE
-from datamount.read.blocks import BlockKey, ObjectId, block_count
+from datamount.read.blocks import BlockData, BlockKey, ObjectId, block_count
 from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.dense import DensePolicy
 from datamount.read.stats import MountStats
@@ -147,7 +147,7 @@ class DenseFill:
         """Schedules the fill's runs as the budget and the disk queue allow,
         job after job: the runs of one job stay in flight while the next
         job's are scheduled (the policy hands out a few runs at a time)."""
-        pending: dict[Future[bytes], ObjectId] = {}
+        pending: dict[Future[BlockData], ObjectId] = {}
         job: tuple[ObjectId, list[BlockKey]] | None = None
         pos = 0
         stalled_since: float | None = None
@@ -188,7 +188,7 @@ class DenseFill:
         self,
         job: tuple[ObjectId, list[BlockKey]],
         pos: int,
-        pending: dict[Future[bytes], ObjectId],
+        pending: dict[Future[BlockData], ObjectId],
         stalled_since: float | None,
     ) -> tuple[int, float | None]:
         """Start runs of `job` from `pos` while there is room; wait for room

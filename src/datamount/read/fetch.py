@@ -47,9 +47,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
+
 from datamount.budget import DEMAND, PREFETCH, MemoryBudget
 from datamount.errors import StorageError
-from datamount.read.blocks import BlockKey, block_span
+from datamount.read.blocks import BlockData, BlockKey, block_span
 from datamount.read.cache.base import BlockCache
 from datamount.read.cache.held import HOLD_SECONDS, HeldBlocks
 from datamount.read.prefetch.scheduler import Scheduler, SchedulerClosed, Ticket
@@ -65,6 +67,18 @@ log = logging.getLogger("datamount.fetch")
 RUN_BYTES = 8 * 1024 * 1024
 
 
+def block_buffer(size: int) -> memoryview:
+    """A fetched block's own buffer, filled straight from the socket and then
+    kept, read-only, by the caches (no copy out of a shared request buffer).
+    Uninitialised memory (numpy.empty: malloc without a memset), so a freed
+    block's heap memory is reused as it is and fresh pages are first touched
+    inside the socket read, which runs without the GIL. Measured on a cold 1 GiB
+    read (py-spy --gil): a zeroed bytearray per request and a bytes copy per
+    block held the GIL 0.6 of 1.2 s; an anonymous mmap per block moved the page
+    faults out of the GIL but cost +0.8 CPU-s per GiB (a fault per 4 KiB page)."""
+    return np.empty(size, np.uint8).data  # a writable memoryview, format "B"
+
+
 @dataclass(eq=False)
 class _Flight:
     key: BlockKey
@@ -73,14 +87,14 @@ class _Flight:
     wanted: bool  # a reader waits for it
     urgent: bool  # a demand reader waits for it: it belongs on the demand lane
     fill: bool = False  # a dense fill's (fill()): into the cache only, never held unread
-    future: Future[bytes] = field(default_factory=Future)
+    future: Future[BlockData] = field(default_factory=Future)
     ticket: Ticket | None = None
     run: list[_Flight] = field(default_factory=list)  # the flights sharing its request
     demand_bytes: int = 0  # bytes it holds of the DEMAND area (a demand fetch)
 
 
-def _done(data: bytes) -> Future[bytes]:
-    future: Future[bytes] = Future()
+def _done(data: BlockData) -> Future[BlockData]:
+    future: Future[BlockData] = Future()
     future.set_result(data)
     return future
 
@@ -129,12 +143,12 @@ class BlockFetcher:
 
     # -- reads -------------------------------------------------------------
 
-    def get(self, key: BlockKey, *, demand: bool = True) -> bytes:
+    def get(self, key: BlockKey, *, demand: bool = True) -> BlockData:
         """The block's bytes (short only for the last block of the object).
         `demand=False` fetches on the prefetch lane (background callers)."""
         return self.start(key, demand=demand).result()
 
-    def start(self, key: BlockKey, *, demand: bool = True) -> Future[bytes]:
+    def start(self, key: BlockKey, *, demand: bool = True) -> Future[BlockData]:
         """Like `get`, without waiting: a Future of the block's bytes (already
         done on a hit). Only a cache lookup runs in the calling thread."""
         with self._lock:
@@ -195,7 +209,7 @@ class BlockFetcher:
         blocks."""
         return self._schedule(keys, fill=False)[0]
 
-    def fill(self, keys: list[BlockKey]) -> tuple[int, list[Future[bytes]]]:
+    def fill(self, keys: list[BlockKey]) -> tuple[int, list[Future[BlockData]]]:
         """`prefetch_many` for a dense fill (read/dense.py): the blocks go
         to the cache and give their bytes of the budget back once there,
         instead of being held until read. Returns how many keys are taken
@@ -310,11 +324,10 @@ class BlockFetcher:
         offset = self._span(first)[0]
         length = sum(f.size for f in flights)
         try:
-            buf = bytearray(length)
-            view = memoryview(buf)
+            buffers = [block_buffer(flight.size) for flight in flights]
             started = time.monotonic()
             got = (
-                self.store.read_into(first.obj.key, offset, view, etag=first.obj.etag)
+                self.store.read_into_views(first.obj.key, offset, buffers, etag=first.obj.etag)
                 if length
                 else 0
             )
@@ -324,10 +337,7 @@ class BlockFetcher:
                     f"{first.obj.key}: short read of blocks {first.index}-"
                     f"{first.index + len(flights) - 1} ({got} of {length} bytes)"
                 )
-            pos, datas = 0, []
-            for flight in flights:  # each block its own immutable bytes (the caches keep them)
-                datas.append(bytes(view[pos : pos + flight.size]))
-                pos += flight.size
+            datas = [buffer.toreadonly() for buffer in buffers]
         except BaseException as exc:
             for flight in flights:
                 self._fail(flight, exc)
@@ -345,7 +355,7 @@ class BlockFetcher:
         for flight, data in zip(flights, datas, strict=True):
             self._complete(flight, data)
 
-    def _complete(self, flight: _Flight, data: bytes) -> None:
+    def _complete(self, flight: _Flight, data: BlockData) -> None:
         key = flight.key
         # Readers first; the flight stays registered until the block is in the
         # cache, so a reader arriving meanwhile joins this done future.
@@ -421,7 +431,7 @@ class BlockFetcher:
     def _span(self, key: BlockKey) -> tuple[int, int]:
         return block_span(key.index, key.obj.size, self.block_size)
 
-    def _cache_get(self, key: BlockKey) -> bytes | None:
+    def _cache_get(self, key: BlockKey) -> BlockData | None:
         try:
             return self.cache.get(key)
         except Exception:  # the protocol says a tier error is a miss; make sure

@@ -26,7 +26,7 @@ from functools import partial
 
 from datamount.budget import DEMAND
 from datamount.errors import StorageError
-from datamount.read.blocks import BlockKey
+from datamount.read.blocks import BlockData, BlockKey
 from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.scheduler import SchedulerClosed
 
@@ -46,10 +46,10 @@ def part_span(lo: int, hi: int, block_len: int, align: int) -> tuple[int, int]:
     return lo - lo % align, min(block_len, -(-hi // align) * align)
 
 
-def fetch_part(fetcher: BlockFetcher, key: BlockKey, lo: int, hi: int) -> Future[bytes]:
+def fetch_part(fetcher: BlockFetcher, key: BlockKey, lo: int, hi: int) -> Future[BlockData]:
     """A Future of bytes [lo, hi) of block `key` (offsets within the block),
     fetched in one ranged GET on the demand lane; nothing is cached."""
-    future: Future[bytes] = Future()
+    future: Future[BlockData] = Future()
     size = hi - lo
     fetcher.stats.add(misses=1)
     fetcher.budget.reserve(DEMAND, size)  # its bytes, until delivered
@@ -61,7 +61,9 @@ def fetch_part(fetcher: BlockFetcher, key: BlockKey, lo: int, hi: int) -> Future
     return future
 
 
-def _fetch(fetcher: BlockFetcher, key: BlockKey, lo: int, size: int, future: Future[bytes]) -> None:
+def _fetch(
+    fetcher: BlockFetcher, key: BlockKey, lo: int, size: int, future: Future[BlockData]
+) -> None:
     offset = key.index * fetcher.block_size + lo
     try:
         buf = bytearray(size)
@@ -84,6 +86,6 @@ def _fetch(fetcher: BlockFetcher, key: BlockKey, lo: int, size: int, future: Fut
     future.set_result(bytes(buf))
 
 
-def _dropped(fetcher: BlockFetcher, size: int, future: Future[bytes]) -> None:
+def _dropped(fetcher: BlockFetcher, size: int, future: Future[BlockData]) -> None:
     fetcher.budget.release(DEMAND, size)
     future.set_exception(OSError(errno.EIO, "part read cancelled: the read scheduler is closed"))

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
-from datamount.read.blocks import BlockKey, ObjectId, block_count, blocks_for
+from datamount.read.blocks import BlockData, BlockKey, ObjectId, block_count, blocks_for
 from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
 from datamount.read.parts import PART_ALIGN, PART_MIN_BLOCK, fetch_part, part_span
@@ -131,6 +131,8 @@ class BlockHandle:
         parts = list(self._parts(offset, size))
         if len(parts) == 1:
             data, lo, hi = parts[0]
+            if isinstance(data, memoryview):  # a fetched block's buffer: bytes for the caller
+                return bytes(data[lo:hi])
             return data if lo == 0 and hi == len(data) else data[lo:hi]
         return b"".join(memoryview(data)[lo:hi] for data, lo, hi in parts)
 
@@ -143,7 +145,7 @@ class BlockHandle:
             pos += hi - lo
         return pos
 
-    def _parts(self, offset: int, size: int) -> Iterator[tuple[bytes, int, int]]:
+    def _parts(self, offset: int, size: int) -> Iterator[tuple[BlockData, int, int]]:
         """(bytes, start, end) of each block (or part of one) the read covers,
         in order; every fetch and prefetch is scheduled before the first is
         awaited."""
@@ -167,7 +169,7 @@ class BlockHandle:
 
     def _random(
         self, blocks: Sequence[int], offset: int, end: int
-    ) -> list[tuple[Future[bytes], int]]:
+    ) -> list[tuple[Future[BlockData], int]]:
         """A random read: reported to the DenseFill, which grants part reads
         (read/parts.py) of the blocks it misses. (future, offset of its first
         byte in the block) per block."""
@@ -198,10 +200,10 @@ class BlockHandle:
     def _slices(
         self,
         blocks: Sequence[int],
-        futures: list[tuple[Future[bytes], int]],
+        futures: list[tuple[Future[BlockData], int]],
         offset: int,
         end: int,
-    ) -> Iterator[tuple[bytes, int, int]]:
+    ) -> Iterator[tuple[BlockData, int, int]]:
         for index, (future, start) in zip(blocks, futures, strict=True):
             data = future.result()
             base = index * self.block_size + start  # the file offset of data[0]

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,6 +236,25 @@ class AzureBlobStore(ObjectStore):
             key,
             offset,
             buffer,
+            etag=etag,
+            timeout=self.read_timeout,
+        )
+        return n
+
+    def read_into_views(
+        self, key: str, offset: int, buffers: Sequence[memoryview], *, etag: str | None = None
+    ) -> int:
+        total = sum(map(len, buffers))
+        check_range(offset, total)
+        if not total:
+            return 0
+        n: int = self._call(
+            "read",
+            key,
+            self.raw.get_into_views,
+            key,
+            offset,
+            buffers,
             etag=etag,
             timeout=self.read_timeout,
         )

@@ -38,7 +38,7 @@ import select
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -314,11 +314,29 @@ class RawClient:
         self, key: str, offset: int, buffer: memoryview, *, etag: str | None, timeout: float
     ) -> int:
         """Fill `buffer` from `offset`; the byte count (short at the end)."""
-        conn, resp, n = self._open_range(key, offset, len(buffer), etag, timeout)
+        return self.get_into_views(key, offset, [buffer], etag=etag, timeout=timeout)
+
+    def get_into_views(
+        self,
+        key: str,
+        offset: int,
+        buffers: Sequence[memoryview],
+        *,
+        etag: str | None,
+        timeout: float,
+    ) -> int:
+        """Fill consecutive `buffers` from `offset` in one GET, in order; the
+        byte count (short at the end: the last buffers filled in part or not)."""
+        conn, resp, n = self._open_range(key, offset, sum(map(len, buffers)), etag, timeout)
         if n == 0:
             return 0
         try:
-            _fill(resp, buffer[:n])
+            left = n
+            for buffer in buffers:
+                piece = buffer[: min(len(buffer), left)]
+                if piece:
+                    _fill(resp, piece)
+                left -= len(piece)
         except BaseException:
             conn.close()
             raise

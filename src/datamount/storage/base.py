@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -107,6 +107,27 @@ class ReadableStore(Protocol):
         After an error its content is undefined. Stores count it as a "read".
         """
         ...
+
+    def read_into_views(
+        self, key: str, offset: int, buffers: Sequence[memoryview], *, etag: str | None = None
+    ) -> int:
+        """`read_into` of consecutive buffers (bytes [offset, offset + their
+        total)) in one bounded request; the number of bytes written, filling
+        the buffers in order. A block reader gives each block its own buffer
+        so no block is copied out of a shared one. This default reads into one
+        temporary buffer and copies; AzureBlobStore fills each buffer straight
+        from the socket.
+        """
+        if len(buffers) == 1:
+            return self.read_into(key, offset, buffers[0], etag=etag)
+        whole = memoryview(bytearray(sum(map(len, buffers))))
+        n = self.read_into(key, offset, whole, etag=etag)
+        pos = 0
+        for buffer in buffers:
+            take = max(0, min(len(buffer), n - pos))
+            buffer[:take] = whole[pos : pos + take]
+            pos += take
+        return n
 
     def stream_into(self, key: str, fd: int, *, etag: str | None = None) -> int:
         """The whole object written into `fd` from offset 0; its size.

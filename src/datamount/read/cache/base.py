@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from datamount.read.blocks import BlockKey
+from datamount.read.blocks import BlockData, BlockKey
 
 
 class BlockCache(Protocol):
-    def get(self, key: BlockKey) -> bytes | None: ...
+    def get(self, key: BlockKey) -> BlockData | None: ...
 
-    def put(self, key: BlockKey, data: bytes) -> None: ...
+    def put(self, key: BlockKey, data: BlockData) -> None: ...
 
     def contains(self, key: BlockKey) -> bool: ...
 
@@ -26,10 +26,10 @@ class BlockCache(Protocol):
 class NoCache:
     """Caches nothing (both tiers disabled)."""
 
-    def get(self, key: BlockKey) -> bytes | None:
+    def get(self, key: BlockKey) -> BlockData | None:
         return None
 
-    def put(self, key: BlockKey, data: bytes) -> None:
+    def put(self, key: BlockKey, data: BlockData) -> None:
         return None
 
     def contains(self, key: BlockKey) -> bool:

@@ -72,7 +72,7 @@ from pathlib import Path
 import xxhash
 
 from datamount.budget import DISK_QUEUE, MemoryBudget
-from datamount.read.blocks import BlockKey, ObjectId
+from datamount.read.blocks import BlockData, BlockKey, ObjectId
 from datamount.read.stats import MountStats
 
 log = logging.getLogger("datamount.read.cache.disk")
@@ -110,14 +110,14 @@ def block_name(key: BlockKey) -> str:
     return digest.hexdigest()
 
 
-def encode_header(key: BlockKey, data: bytes) -> bytes:
+def encode_header(key: BlockKey, data: BlockData) -> bytes:
     store, name, etag = _identity(key.obj)
     lengths = (len(store), len(name), len(etag))
     fields = (key.index, key.obj.size, len(data), checksum(data))
     return HEADER.pack(MAGIC, FORMAT_VERSION, *lengths, *fields) + store + name + etag
 
 
-def checksum(data: bytes) -> int:
+def checksum(data: BlockData) -> int:
     """The XXH3-64 of a block's data, as its header keeps it."""
     return xxhash.xxh3_64_intdigest(data)
 
@@ -177,7 +177,7 @@ class DiskCache:
         self._space_lock = threading.Lock()  # one writer at a time checks the bound
         self._cond = threading.Condition()  # guards the queue and _closing
         self._queue: deque[tuple[str, BlockKey]] = deque()
-        self._queued: dict[str, bytes] = {}  # queued or being written
+        self._queued: dict[str, BlockData] = {}  # queued or being written
         self._queued_bytes = 0
         self._closing = False
         self._ready = threading.Event()  # the existing files are indexed
@@ -195,7 +195,7 @@ class DiskCache:
 
     # --- the BlockCache protocol ---------------------------------------------------
 
-    def get(self, key: BlockKey) -> bytes | None:
+    def get(self, key: BlockKey) -> BlockData | None:
         name = block_name(key)
         with self._cond:
             queued = self._queued.get(name)
@@ -229,7 +229,7 @@ class DiskCache:
                 self._used += size
         return data
 
-    def put(self, key: BlockKey, data: bytes) -> None:
+    def put(self, key: BlockKey, data: BlockData) -> None:
         name = block_name(key)
         with self._lock:
             if name in self._index:
@@ -358,7 +358,7 @@ class DiskCache:
         self._queued_bytes -= size
         self.budget.release(DISK_QUEUE, size)
 
-    def _write(self, name: str, key: BlockKey, data: bytes) -> None:
+    def _write(self, name: str, key: BlockKey, data: BlockData) -> None:
         header = encode_header(key, data)  # the checksum runs here, off the reader's path
         total = len(header) + len(data)
         if self._closing or not self._reserve(name, total):
@@ -387,7 +387,7 @@ class DiskCache:
             self._in_flight -= total
             self._index[name] = total
 
-    def _write_direct(self, tmp: Path, header: bytes, data: bytes) -> bool:
+    def _write_direct(self, tmp: Path, header: bytes, data: BlockData) -> bool:
         """Write header + data to `tmp`, the whole pages with O_DIRECT; False
         (nothing written) when the filesystem refuses O_DIRECT."""
         total = len(header) + len(data)

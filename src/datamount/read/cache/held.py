@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from datamount.budget import PREFETCH, MemoryBudget
-from datamount.read.blocks import BlockKey
+from datamount.read.blocks import BlockData, BlockKey
 from datamount.read.stats import MountStats
 
 # An unread prefetched block is protected from eviction this long: a reader
@@ -62,8 +62,8 @@ class HeldBlocks:
         self.hold_seconds = hold_seconds
         self._stats = stats
         self._clock = clock
-        self._unread: OrderedDict[BlockKey, tuple[bytes, float]] = OrderedDict()
-        self._recent: OrderedDict[BlockKey, bytes] = OrderedDict()
+        self._unread: OrderedDict[BlockKey, tuple[BlockData, float]] = OrderedDict()
+        self._recent: OrderedDict[BlockKey, BlockData] = OrderedDict()
         self._tracked: OrderedDict[BlockKey, None] = OrderedDict()
         # Their sum is what the fetcher holds of the budget's PREFETCH area.
         self._ahead = 0  # bytes of prefetches queued or in flight, and of _unread
@@ -77,7 +77,7 @@ class HeldBlocks:
 
     # -- reads -------------------------------------------------------------
 
-    def take(self, key: BlockKey) -> bytes | None:
+    def take(self, key: BlockKey) -> BlockData | None:
         """A held block for a reader (an unread one becomes recently read)."""
         entry = self._unread.pop(key, None)
         if entry is not None:
@@ -95,7 +95,7 @@ class HeldBlocks:
             del self._tracked[key]
             self._stats.add(prefetch_used=1)
 
-    def hold_recent(self, key: BlockKey, data: bytes) -> None:
+    def hold_recent(self, key: BlockKey, data: BlockData) -> None:
         """Keep a block a reader just got, if there is room."""
         if key in self._recent:
             return
@@ -125,7 +125,7 @@ class HeldBlocks:
         self._ahead -= size
         self.budget.release(PREFETCH, size)
 
-    def keep_unread(self, key: BlockKey, data: bytes) -> None:
+    def keep_unread(self, key: BlockKey, data: BlockData) -> None:
         """A prefetch nobody waits for arrived: the bytes it was admitted with
         (`len(data)`) now hold the block until it is read."""
         self._tracked[key] = None
@@ -155,7 +155,7 @@ class HeldBlocks:
 
     # -- making room -------------------------------------------------------
 
-    def _to_recent(self, key: BlockKey, data: bytes) -> None:
+    def _to_recent(self, key: BlockKey, data: BlockData) -> None:
         """An unread block was read (or abandoned): same bytes, other account."""
         self._ahead -= len(data)
         self._recent[key] = data

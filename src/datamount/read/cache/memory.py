@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from datamount.read.blocks import BlockKey
+from datamount.read.blocks import BlockData, BlockKey
 from datamount.read.stats import MountStats
 
 
@@ -29,7 +29,7 @@ class MemoryCache:
         self.capacity_bytes = capacity_bytes
         self._stats = stats
         self._lock = threading.Lock()
-        self._blocks: OrderedDict[BlockKey, bytes] = OrderedDict()  # least recent first
+        self._blocks: OrderedDict[BlockKey, BlockData] = OrderedDict()  # least recent first
         self._used = 0
         self._closed = False
 
@@ -42,14 +42,14 @@ class MemoryCache:
         with self._lock:
             return len(self._blocks)
 
-    def get(self, key: BlockKey) -> bytes | None:
+    def get(self, key: BlockKey) -> BlockData | None:
         with self._lock:
             data = self._blocks.get(key)
             if data is not None:
                 self._blocks.move_to_end(key)
             return data
 
-    def put(self, key: BlockKey, data: bytes) -> None:
+    def put(self, key: BlockKey, data: BlockData) -> None:
         size = len(data)
         if size > self.capacity_bytes:  # also covers capacity 0: the tier is off
             return

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 
-from datamount.read.blocks import BlockKey
+from datamount.read.blocks import BlockData, BlockKey
 from datamount.read.cache.base import BlockCache
 from datamount.read.stats import MountStats
 
@@ -38,7 +38,7 @@ class TieredCache:
     def stats(self) -> MountStats:
         return self._stats
 
-    def get(self, key: BlockKey) -> bytes | None:
+    def get(self, key: BlockKey) -> BlockData | None:
         data = _safe_get(self.ram, key)
         if data is not None:
             self._stats.add(ram_hits=1)
@@ -51,7 +51,7 @@ class TieredCache:
         _safe_put(self.ram, key, data)
         return data
 
-    def put(self, key: BlockKey, data: bytes) -> None:
+    def put(self, key: BlockKey, data: BlockData) -> None:
         _safe_put(self.ram, key, data)
         _safe_put(self.disk, key, data)
 
@@ -66,7 +66,7 @@ class TieredCache:
                 log.exception("closing the %s cache tier failed", type(tier).__name__)
 
 
-def _safe_get(tier: BlockCache, key: BlockKey) -> bytes | None:
+def _safe_get(tier: BlockCache, key: BlockKey) -> BlockData | None:
     try:
         return tier.get(key)
     except Exception:
@@ -74,7 +74,7 @@ def _safe_get(tier: BlockCache, key: BlockKey) -> bytes | None:
         return None
 
 
-def _safe_put(tier: BlockCache, key: BlockKey, data: bytes) -> None:
+def _safe_put(tier: BlockCache, key: BlockKey, data: BlockData) -> None:
     try:
         tier.put(key, data)
     except Exception:
