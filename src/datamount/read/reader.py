@@ -37,6 +37,7 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from datamount.read.blocks import BlockData, BlockKey, ObjectId, block_count, blocks_for
+from datamount.read.copy import copy_into
 from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
 from datamount.read.parts import PART_ALIGN, PART_MIN_BLOCK, fetch_part, part_span
@@ -141,7 +142,7 @@ class BlockHandle:
         bytes are copied straight in, with no bytes object of the read's size."""
         pos = 0
         for data, lo, hi in self._parts(offset, len(view)):
-            view[pos : pos + hi - lo] = memoryview(data)[lo:hi]
+            copy_into(view[pos : pos + hi - lo], memoryview(data)[lo:hi])
             pos += hi - lo
         return pos
 

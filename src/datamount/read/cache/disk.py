@@ -73,6 +73,7 @@ import xxhash
 
 from datamount.budget import DISK_QUEUE, MemoryBudget
 from datamount.read.blocks import BlockData, BlockKey, ObjectId
+from datamount.read.copy import copy_into
 from datamount.read.stats import MountStats
 
 log = logging.getLogger("datamount.read.cache.disk")
@@ -402,7 +403,7 @@ class DiskCache:
         try:
             buf = self._buffer(total)
             buf[: len(header)] = header
-            buf[len(header) : total] = data
+            copy_into(buf[len(header) : total], data)  # without the GIL (read/copy.py)
             whole = total - total % ALIGN
             _write_all(fd, buf[:whole], 0)
             if whole < total:  # the last partial page: through the page cache
