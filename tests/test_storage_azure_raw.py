@@ -93,6 +93,30 @@ def test_each_read_into_is_one_bounded_request(
 
 
 @pytest.mark.azurite
+@pytest.mark.parametrize("tls", [False, True])
+def test_read_into_views_reads_the_body_from_the_socket_and_keeps_the_connection(
+    request: pytest.FixtureRequest, tls: bool
+) -> None:
+    az = request.getfixturevalue("azurite_https" if tls else "azurite")
+    container = az.create_container("views-tls" if tls else "views")
+    container.upload_blob("v/blob", DATA)
+    store = AzureBlobStore(
+        az.endpoint, container.container_name, Credential.account_key(az.key),
+        account=az.account, retry=fast_retry(), ca_bundle=az.tls.ca if az.tls else None,
+    )  # fmt: skip
+    seen = Requests(store)
+    for offset in (0, 1, SIZE - 70_000):
+        views = [buffer(65_536), buffer(3), buffer(100_000)]
+        n = store.read_into_views("v/blob", offset, views)
+        assert n == min(165_539, SIZE - offset)
+        assert b"".join(views)[:n] == DATA[offset : offset + n]
+    assert len(seen.seen) == 3
+    assert len(store.raw.pool._idle) == 1  # each response read to its end: one connection
+    store.close()
+    container.delete_container()
+
+
+@pytest.mark.azurite
 def test_wrong_key_read_into_is_access_denied_at_once(
     azurite: Azurite, container: ContainerClient
 ) -> None:

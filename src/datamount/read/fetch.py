@@ -2,9 +2,11 @@
 from storage, fetched at most once at a time.
 
 - `start(key)` / `get(key)`: a held or cached block is returned at once;
-  otherwise one `store.read_into` of the block's span (pinned to the etag: a
-  changed object raises VersionChanged, an OSError with errno ESTALE) runs on
-  the scheduler's demand lane and the block is put in the cache.
+  otherwise one `store.read_into_views` of the block's span (pinned to the
+  etag: a changed object raises VersionChanged, an OSError with errno ESTALE)
+  runs on the scheduler's demand lane and the block is put in the cache. Each
+  block is read into a buffer of its own (`block_buffer`) and kept as a
+  read-only memoryview of it: never copied out of a shared request buffer.
 - Single flight: a Future per BlockKey in flight; every concurrent reader of
   the block waits for the same request. A reader that starts waiting for a
   queued prefetch promotes it to the demand lane, so demand reads are never

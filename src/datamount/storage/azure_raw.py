@@ -47,7 +47,8 @@ from datamount.storage import proxy as proxies
 from datamount.storage import tls
 from datamount.storage.azure_auth import Auth, http_date
 from datamount.storage.errors import error_for_status
-from datamount.storage.http_response import Response
+from datamount.storage.http_response import Response, read_body_from_socket
+from datamount.storage.http_response import read_body_into as _fill
 
 CONNECT_TIMEOUT = 10.0
 ERROR_BODY_MAX = 1 << 20  # error bodies up to this are read, to keep the connection
@@ -145,49 +146,6 @@ class ConnectionPool:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
-
-
-def _fill(resp: http.client.HTTPResponse, view: memoryview) -> None:
-    got, want = 0, len(view)
-    while got < want:
-        n = resp.readinto(view[got:])
-        if not n:
-            raise http.client.IncompleteRead(b"", want - got)
-        got += n
-
-
-def _fill_from_socket(
-    sock: socket.socket | None, resp: http.client.HTTPResponse, view: memoryview
-) -> None:
-    """`_fill`, reading the body straight from the socket once the bytes the
-    header parse left buffered are taken: over TLS one Python call per record
-    (SSL_read returns at most one 16 KiB record, 65,536 per GiB) instead of
-    three (SocketIO.readinto, SSLSocket.recv_into, SSLSocket.read) under the
-    buffered reader. The response's own count is kept, so it closes (and the
-    connection goes back to the pool) as if it had read the bytes itself.
-    A chunked or unsized body: `_fill`."""
-    want, fp = len(view), resp.fp
-    if sock is None or fp is None or resp.chunked or resp.length is None or resp.length < want:
-        _fill(resp, view)
-        return
-    got = resp.readinto(view[: min(want, len(fp.peek()))])  # peek: at most one socket read
-    if not got:
-        raise http.client.IncompleteRead(b"", want)
-    read: Callable[[int, memoryview], int]
-    if isinstance(sock, ssl.SSLSocket):
-        read = sock.read  # type: ignore[assignment]  # given a buffer, it returns the count
-    else:
-        read = lambda size, into: sock.recv_into(into, size)  # noqa: E731
-    direct = 0
-    while got < want:
-        n = read(want - got, view[got:])
-        if not n:
-            raise http.client.IncompleteRead(b"", want - got)
-        got += n
-        direct += n
-    if direct:
-        resp.length -= direct
-        resp.readinto(view[:0])  # at the end: the response closes as after its own read
 
 
 def _slices(body: bytes | memoryview) -> bytes | memoryview | Iterator[memoryview]:
@@ -369,7 +327,7 @@ class RawClient:
             for buffer in buffers:
                 piece = buffer[: min(len(buffer), left)]
                 if piece:
-                    _fill_from_socket(conn.sock, resp, piece)
+                    read_body_from_socket(conn.sock, resp, piece)
                 left -= len(piece)
         except BaseException:
             conn.close()
