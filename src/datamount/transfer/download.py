@@ -13,16 +13,22 @@ final name.
 - Every range is pinned to the etag seen at listing time; a blob changed
   mid-download restarts that file from its new version (never stitched).
 - Completed files are recorded in a manifest in DEST; a re-run skips them.
-- Memory: one reusable buffer of `range_size` per worker thread, plus at most
-  `2 × threads` queued range tasks — never proportional to the data.
+- Small files (up to BEHIND_MAX) are fetched whole into a slab and written
+  by a writer thread (transfer.behind): the fetch threads are the GETs in
+  flight, and a wait on the local disk (a pwrite, a group commit) holds none
+  of them back.
+- Memory: one reusable buffer of `range_size` per worker thread, the slabs
+  (`4 × threads` of at most BEHIND_MAX each), plus at most `2 × threads`
+  queued range tasks — never proportional to the data.
 - With `processes` > 1, files of one range go to worker processes
   (transfer.lane: each its own store, pool and GIL, `threads / processes`
   threads each) that write their `.part`; this process still lists, plans,
   commits, renames and records them. Stores that cannot be opened in another
   process (identity credentials, replicas, http, local) stay in-process.
 
-Threads: `threads` workers (ThreadPoolExecutor); the calling thread lists and
-schedules; with processes, the lane's collector thread finishes their files.
+Threads: `threads` workers (ThreadPoolExecutor) fetch; `threads / 4` (at
+least 2) writers write small files and finish them; the calling thread lists
+and schedules; with processes, the lane's collector thread finishes their files.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from typing import Any
 
 from datamount.errors import VersionChanged
 from datamount.storage.base import ReadableStore
+from datamount.transfer.behind import Slabs
 from datamount.transfer.durable import GroupSync
 from datamount.transfer.lane import OnDemand, ProcessLane, rebuild
 from datamount.transfer.manifest import Manifest
@@ -72,6 +79,11 @@ GROUP_COMMIT_MAX_FILE = 16 << 20
 # only 256 MiB of buffers... with the default 8 workers on 2 cores, 64 MiB.
 RANGE_SIZE = 8 << 20
 MAX_RESTARTS = 3  # a blob rewritten more often than this during one download fails
+# Write-behind (transfer.behind): files up to this size are fetched whole into a
+# slab and written by a writer thread, so a wait on the disk holds no GET back;
+# slabs per fetch thread; one writer thread per four fetch threads (at least 2).
+BEHIND_MAX = 1 << 20
+BEHIND_SLABS_PER_THREAD = 4
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,8 @@ class Downloader:
         self._commit_lock = threading.Lock()
         self._restarts = 0
         self._direct = DirectIO(options.direct_io, log)
+        self._behind_max = min(BEHIND_MAX, options.range_size)
+        self._slabs = Slabs(options.threads * BEHIND_SLABS_PER_THREAD, self._behind_max)
         lane_max = min(options.range_size, GROUP_COMMIT_MAX_FILE)
         self._offload = OnDemand(store, options.processes, lane_max, log)
 
@@ -177,8 +191,11 @@ class Downloader:
         )
         manifest_open = False
         try:
-            with ThreadPoolExecutor(self.options.threads, thread_name_prefix="download") as pool:
-                self._pool = pool
+            with (
+                ThreadPoolExecutor(self._writer_count(), thread_name_prefix="dl-write") as writers,
+                ThreadPoolExecutor(self.options.threads, thread_name_prefix="download") as pool,
+            ):  # the fetch pool stops first: its last files still go to the writers
+                self._pool, self._writers = pool, writers
                 try:
                     for page in pages:
                         todo = plan.page(page)
@@ -232,11 +249,16 @@ class Downloader:
             lane = self._offload.get(self._setup, self._lane_done, self._fail)
             lane.submit(job, src.key, src.size, src.etag, str(job.part.path))
             return
-        job.part.open(src.size, self._direct, ranges=self.store.supports_ranges)
+        if not self._behind(src.size):  # a small file's .part: made by its writer
+            job.part.open(src.size, self._direct, ranges=self.store.supports_ranges)
         if src.size == 0:
             self._finish(job)
             return
         self._schedule(job, slots=True)
+
+    def _behind(self, size: int) -> bool:
+        """Whether a file of `size` is fetched whole and written behind."""
+        return 0 < size <= self._behind_max and self.store.supports_ranges
 
     def _schedule(self, job: _Job, *, slots: bool) -> None:
         if not self.store.supports_ranges:  # a server without ranges: one GET
@@ -247,6 +269,13 @@ class Downloader:
             self._pool.submit(self._fetch, job, 0, -1, slots)
             return
         size = job.src.size
+        if self._behind(size):  # a small file: one GET, written behind
+            with job.lock:
+                job.pending = 1
+            if slots:
+                self._slots.acquire()
+            self._pool.submit(self._fetch_whole, job, slots)
+            return
         step = self.options.range_size * span_ranges(
             size, self.options.range_size, self.options.threads
         )
@@ -286,6 +315,50 @@ class Downloader:
             if slot:
                 self._slots.release()
             self._range_done(job)
+
+    def _fetch_whole(self, job: _Job, slot: bool) -> None:
+        """A small file in one GET into a slab, handed to a writer thread
+        (`_write_behind`): this thread's next GET does not wait for the disk."""
+        handed = False
+        try:
+            if self._cancel.is_set() or job.stale:
+                return
+            slab = self._slabs.take()
+            try:
+                read_range(self.store, job.src.key, 0, slab[: job.src.size], job.src.etag)
+                self._writers.submit(self._write_behind, job, slab)
+                handed = True
+            finally:
+                if not handed:
+                    self._slabs.give(slab)
+        except VersionChanged:
+            job.stale = True
+        except BaseException as exc:
+            self._fail(exc)
+        finally:
+            if slot:
+                self._slots.release()
+            if not handed:
+                self._range_done(job)
+
+    def _write_behind(self, job: _Job, slab: memoryview) -> None:
+        """A writer thread: the fetched file into its .part (created now: a
+        create that waits on the disk holds back neither the GETs nor the
+        calling thread's scheduling), then its finish (size check, group
+        commit, rename) as the last range of any file."""
+        try:
+            if not self._cancel.is_set():
+                if job.part.fd < 0:  # created here, off the calling thread
+                    job.part.open(job.src.size, self._direct)
+                self._write(job, slab[: job.src.size], 0)
+        except BaseException as exc:
+            self._fail(exc)
+        finally:
+            self._slabs.give(slab)
+            self._range_done(job)
+
+    def _writer_count(self) -> int:
+        return max(2, self.options.threads // 4)
 
     def _write(self, job: _Job, view: memoryview, offset: int) -> None:
         job.part.write(view, offset)

@@ -24,21 +24,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 import resource
 import signal
 import sys
 import threading
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datamount import errors
 from datamount.errors import DataError, StorageError
 from datamount.transfer import worker
 from datamount.transfer.progress import human
 from datamount.transfer.worker import Result, Setup
+
+if TYPE_CHECKING:  # multiprocessing is imported once a lane starts: a download
+    # without worker processes (the default) does not pay for it
+    from multiprocessing.connection import Connection
 
 log = logging.getLogger("datamount.transfer.lane")
 
@@ -47,6 +49,8 @@ STOP_TIMEOUT = 30.0  # seconds a worker gets to finish and exit after `close`
 
 
 def start_method() -> str:
+    import multiprocessing
+
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
@@ -94,6 +98,8 @@ class ProcessLane:
         self._killing = False
         self._closed = False
         self.error: BaseException | None = None  # a worker's death
+        import multiprocessing
+
         ctx = multiprocessing.get_context(start_method())
         if start_method() == "forkserver":
             # Each worker forked from the server runs the parent's main script
@@ -194,11 +200,13 @@ class ProcessLane:
     # -- the collector thread -----------------------------------------------
 
     def _collect(self) -> None:
+        from multiprocessing.connection import wait as connection_wait
+
         while True:
             live = [p for p in self.procs if p.open]
             if not live:
                 return
-            ready = wait([p.conn for p in live])
+            ready = connection_wait([p.conn for p in live])
             for proc in live:
                 if proc.conn in ready:
                     self._receive(proc)

@@ -31,10 +31,13 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from datamount.errors import DataError, StorageError, VersionChanged
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
 from datamount.transfer.partfile import Buffers, DirectIO, PartFile, changed, read_range
 
 
