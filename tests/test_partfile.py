@@ -156,3 +156,50 @@ def test_changed_gives_the_new_version_until_max_restarts() -> None:
     assert changed(store, "k", 3, 3).size == 3
     with pytest.raises(DataError, match="k: changed 4 times during the download; giving up"):
         changed(store, "k", 4, 3)
+
+
+def test_o_direct_files_get_their_blocks_allocated_up_front(tmp_path: Path) -> None:
+    """Where O_DIRECT is taken, the .part's blocks are allocated at open
+    (concurrent O_DIRECT writes into a sparse ext4 file queue on its inode
+    lock); a buffered .part, or one of a single range, stays sparse until
+    written. Bytes land as before."""
+    size = partfile.ALLOCATE_ABOVE + 4 * DIRECT_MIN
+    direct = DirectIO(True)
+    part = PartFile(tmp_path / ".d.part")
+    part.open(size, direct)
+    try:
+        if not direct.enabled:
+            pytest.skip("this filesystem refuses O_DIRECT")
+        st = os.fstat(part.fd)
+        if st.st_blocks * 512 < size:
+            pytest.skip("this filesystem does not allocate (fallocate refused)")
+        assert st.st_size == size
+        body = random.Random(5).randbytes(size)
+        fill(part, body, 1 << 20)
+        part.check(size)
+    finally:
+        part.close()
+    assert (tmp_path / ".d.part").read_bytes() == body
+    for name, length, ranges in (("b", size, False), ("s", partfile.ALLOCATE_ABOVE, True)):
+        sparse = PartFile(tmp_path / f".{name}.part")
+        sparse.open(length, direct, ranges=ranges)  # buffered, or a single range
+        try:
+            st = os.fstat(sparse.fd)
+            assert (st.st_size, st.st_blocks) == (length, 0)
+        finally:
+            sparse.close()
+
+
+def test_allocate_refused_is_false_and_the_caller_truncates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(partfile, "_fallocate", lambda: None)  # no fallocate(2) here
+    direct = DirectIO(True)
+    part = PartFile(tmp_path / ".n.part")
+    size = 2 * partfile.ALLOCATE_ABOVE
+    part.open(size, direct)
+    try:
+        st = os.fstat(part.fd)
+        assert (st.st_size, st.st_blocks) == (size, 0)
+    finally:
+        part.close()
