@@ -462,12 +462,12 @@ def test_small_files_are_fsynced_in_groups_before_their_rename(
 ) -> None:
     """Group commit: every file is fsync'd before it gets its final name, in
     groups of GROUP_COMMIT_FILES; a file above GROUP_COMMIT_MAX_FILE alone."""
-    import datamount.transfer.download as download_module
     import datamount.transfer.durable as durable
+    import datamount.transfer.landing as landing_module
 
     monkeypatch.setattr(durable, "syncfs", lambda: None)  # the fallback: a kernel < 5.8
-    monkeypatch.setattr(download_module, "GROUP_COMMIT_FILES", 8)
-    monkeypatch.setattr(download_module, "GROUP_COMMIT_MAX_FILE", 2 * RANGE)
+    monkeypatch.setattr(landing_module, "GROUP_COMMIT_FILES", 8)
+    monkeypatch.setattr(landing_module, "GROUP_COMMIT_MAX_FILE", 2 * RANGE)
     blobs = {f"s/f{i:02d}.bin": data(1000 + i) for i in range(21)}
     blobs["s/big.bin"] = data(3 * RANGE)
     events: list[tuple[str, str]] = []
@@ -481,8 +481,8 @@ def test_small_files_are_fsynced_in_groups_before_their_rename(
         events.append(("rename", os.path.basename(src)))
         real_replace(src, dst)
 
-    monkeypatch.setattr(download_module.os, "fsync", fsync)
-    monkeypatch.setattr(download_module.os, "replace", replace)
+    monkeypatch.setattr(landing_module.os, "fsync", fsync)
+    monkeypatch.setattr(landing_module.os, "replace", replace)
     Downloader(MemoryStore(blobs), options(threads=4)).download(
         "s/", tmp_path, is_file=False, source_id="t"
     )
@@ -503,14 +503,14 @@ def test_small_file_groups_are_made_durable_by_one_syncfs_before_their_renames(
     """With syncfs (Linux >= 5.8): one syncfs of DEST's filesystem per group
     of GROUP_COMMIT_FILES small files, before any of their renames, and no
     fsync of a small file; a file above GROUP_COMMIT_MAX_FILE is fsync'd alone."""
-    import datamount.transfer.download as download_module
     import datamount.transfer.durable as durable
+    import datamount.transfer.landing as landing_module
 
     real_syncfs = durable.syncfs()
     if real_syncfs is None:
         pytest.skip("no syncfs that reports write-back errors here")
-    monkeypatch.setattr(download_module, "GROUP_COMMIT_FILES", 8)
-    monkeypatch.setattr(download_module, "GROUP_COMMIT_MAX_FILE", 2 * RANGE)
+    monkeypatch.setattr(landing_module, "GROUP_COMMIT_FILES", 8)
+    monkeypatch.setattr(landing_module, "GROUP_COMMIT_MAX_FILE", 2 * RANGE)
     blobs = {f"s/f{i:02d}.bin": data(1000 + i) for i in range(21)}
     blobs["s/big.bin"] = data(3 * RANGE)
     events: list[tuple[str, str]] = []
@@ -533,9 +533,9 @@ def test_small_file_groups_are_made_durable_by_one_syncfs_before_their_renames(
         return real_pwrite(fd, view, offset)
 
     monkeypatch.setattr(durable, "syncfs", lambda: syncfs)
-    monkeypatch.setattr(download_module.os, "pwrite", pwrite)
-    monkeypatch.setattr(download_module.os, "fsync", fsync)
-    monkeypatch.setattr(download_module.os, "replace", replace)
+    monkeypatch.setattr(landing_module.os, "pwrite", pwrite)
+    monkeypatch.setattr(landing_module.os, "fsync", fsync)
+    monkeypatch.setattr(landing_module.os, "replace", replace)
     Downloader(MemoryStore(blobs), options(threads=4)).download(
         "s/", tmp_path, is_file=False, source_id="t"
     )

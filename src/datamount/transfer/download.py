@@ -5,8 +5,8 @@ final name.
 - Parallel over files and over fixed ranges of large files: every file is
   written into one pre-sized hidden `.<name>.part` beside its final path with
   positional writes (transfer.partfile), then size-checked, made durable
-  (small files in groups: one syncfs of the destination for many files,
-  transfer.durable) and atomically renamed.
+  (small files in groups: one syncfs of the destination for many files) and
+  atomically renamed (transfer.landing).
 - The listing streams: the first page's downloads start while later pages are
   still being listed; each page is planned (transfer.plan: resume skips, one
   object per local path, the free-space check) before any of its files starts.
@@ -33,22 +33,22 @@ and schedules; with processes, the lane's collector thread finishes their files.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from datamount.errors import VersionChanged
 from datamount.storage.base import ReadableStore
+from datamount.transfer import landing
 from datamount.transfer.behind import Slabs
 from datamount.transfer.durable import GroupSync
+from datamount.transfer.landing import Job, Landing
 from datamount.transfer.lane import OnDemand, ProcessLane, rebuild
 from datamount.transfer.manifest import Manifest
 from datamount.transfer.partfile import (
@@ -68,11 +68,6 @@ from datamount.transfer.source import SourceFile, folder_pages, single_file
 from datamount.transfer.worker import Result, Setup
 
 log = logging.getLogger("datamount.transfer.download")
-
-# Group commit (Downloader._finish): files up to this size are made durable
-# in groups of this many (one syncfs), once their writes are all done.
-GROUP_COMMIT_FILES = 64
-GROUP_COMMIT_MAX_FILE = 16 << 20
 
 # 8 MiB ranges: large enough that the per-request cost (~1 ms through the SDK,
 # less raw) is <2% of a range at ~800 MB/s, small enough that 32 workers hold
@@ -110,21 +105,6 @@ class DownloadResult:
     seconds: float
 
 
-@dataclass(eq=False)  # identity-hashed: jobs live in a set
-class _Job:
-    """One file in flight."""
-
-    src: SourceFile
-    final: Path
-    part: PartFile
-    pending: int = 0
-    dev: int = -1  # st_dev of the .part, once complete
-    stale: bool = False
-    restarts: int = 0
-    written: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 class Downloader:
     def __init__(
         self, store: ReadableStore, options: DownloadOptions, progress: Progress | None = None
@@ -137,19 +117,14 @@ class Downloader:
         self._cancel = threading.Event()
         self._error: BaseException | None = None
         self._error_lock = threading.Lock()
-        self._jobs: set[_Job] = set()
-        self._jobs_lock = threading.Lock()
-        self._idle = threading.Condition(self._jobs_lock)
         self._folders = Folders()
-        self._landing: set[str] = set()  # every local path planned (transfer.plan)
-        self._group: list[_Job] = []  # complete files waiting for their group commit
-        self._group_lock = threading.Lock()
-        self._commit_lock = threading.Lock()
+        self._planned: set[str] = set()  # every local path planned (transfer.plan)
+        self._land = Landing(self.progress, fsync=options.fsync)
         self._restarts = 0
         self._direct = DirectIO(options.direct_io, log)
         self._behind_max = min(BEHIND_MAX, options.range_size)
         self._slabs = Slabs(options.threads * BEHIND_SLABS_PER_THREAD, self._behind_max)
-        lane_max = min(options.range_size, GROUP_COMMIT_MAX_FILE)
+        lane_max = min(options.range_size, landing.GROUP_COMMIT_MAX_FILE)
         self._offload = OnDemand(store, options.processes, lane_max, log)
 
     # -- entry point -------------------------------------------------------
@@ -174,10 +149,10 @@ class Downloader:
         if not self.options.overwrite:
             with local_errors(f"cannot read the resume manifest {manifest.path}"):
                 manifest.load()
-        self._manifest = manifest
         self._sync = GroupSync(dest)
+        self._land.begin(manifest, self._sync)
         plan = Plan(
-            dest, manifest, self.progress, self._landing,
+            dest, manifest, self.progress, self._planned,
             overwrite=self.options.overwrite, reserve=self.options.reserved_free_disk_space,
         )  # fmt: skip
         log.info(
@@ -217,12 +192,12 @@ class Downloader:
                 except BaseException as exc:
                     self._fail(exc)
                 self.progress.listing_done = True
-                self._wait_idle()
+                self._land.wait_idle(self._cancel)
             if self._error is None:
                 self._folders.ensure(dest)  # an empty folder is a result too
         finally:
             self._offload.close(kill=self._cancel.is_set())  # no worker writes after this
-            self._cleanup_failed()  # may still record committed files
+            self._land.cleanup()  # may still record committed files
             manifest.close()
             self._sync.close()
         if self._error is not None:
@@ -242,9 +217,8 @@ class Downloader:
     def _start(self, src: SourceFile, dest: Path) -> None:
         final = dest / src.rel
         self._folders.ensure(final.parent)
-        job = _Job(src, final, PartFile(final.with_name(f".{final.name}.part")))
-        with self._jobs_lock:
-            self._jobs.add(job)
+        job = Job(src, final, PartFile(final.with_name(f".{final.name}.part")))
+        self._land.add(job)
         if self._offload.takes(src.size):
             lane = self._offload.get(self._setup, self._lane_done, self._fail)
             lane.submit(job, src.key, src.size, src.etag, str(job.part.path))
@@ -252,7 +226,7 @@ class Downloader:
         if not self._behind(src.size):  # a small file's .part: made by its writer
             job.part.open(src.size, self._direct, ranges=self.store.supports_ranges)
         if src.size == 0:
-            self._finish(job)
+            self._land.finish(job)
             return
         self._schedule(job, slots=True)
 
@@ -260,7 +234,7 @@ class Downloader:
         """Whether a file of `size` is fetched whole and written behind."""
         return 0 < size <= self._behind_max and self.store.supports_ranges
 
-    def _schedule(self, job: _Job, *, slots: bool) -> None:
+    def _schedule(self, job: Job, *, slots: bool) -> None:
         if not self.store.supports_ranges:  # a server without ranges: one GET
             with job.lock:
                 job.pending = 1
@@ -289,7 +263,7 @@ class Downloader:
 
     # -- workers ----------------------------------------------------------
 
-    def _fetch(self, job: _Job, offset: int, length: int, slot: bool) -> None:
+    def _fetch(self, job: Job, offset: int, length: int, slot: bool) -> None:
         """One span (transfer.plan.span_ranges) into the .part, piece by
         piece; `length` -1: the whole file in one GET, written as it arrives
         (no buffer of its size: a store without ranges)."""
@@ -316,7 +290,7 @@ class Downloader:
                 self._slots.release()
             self._range_done(job)
 
-    def _fetch_whole(self, job: _Job, slot: bool) -> None:
+    def _fetch_whole(self, job: Job, slot: bool) -> None:
         """A small file in one GET into a slab, handed to a writer thread
         (`_write_behind`): this thread's next GET does not wait for the disk."""
         handed = False
@@ -341,7 +315,7 @@ class Downloader:
             if not handed:
                 self._range_done(job)
 
-    def _write_behind(self, job: _Job, slab: memoryview) -> None:
+    def _write_behind(self, job: Job, slab: memoryview) -> None:
         """A writer thread: the fetched file into its .part (created now: a
         create that waits on the disk holds back neither the GETs nor the
         calling thread's scheduling), then its finish (size check, group
@@ -360,16 +334,16 @@ class Downloader:
     def _writer_count(self) -> int:
         return max(2, self.options.threads // 4)
 
-    def _write(self, job: _Job, view: memoryview, offset: int) -> None:
+    def _write(self, job: Job, view: memoryview, offset: int) -> None:
         job.part.write(view, offset)
         self._landed(job, len(view))
 
-    def _landed(self, job: _Job, n: int) -> None:
+    def _landed(self, job: Job, n: int) -> None:
         with job.lock:
             job.written += n
         self.progress.add_bytes(n)
 
-    def _range_done(self, job: _Job) -> None:
+    def _range_done(self, job: Job) -> None:
         with job.lock:
             job.pending -= 1
             last = job.pending == 0
@@ -377,16 +351,16 @@ class Downloader:
             return
         try:
             if self._cancel.is_set():
-                self._drop(job)
+                self._land.drop(job)
             elif job.stale:
                 self._restart(job)
             else:
-                self._finish(job)
+                self._land.finish(job)
         except BaseException as exc:
             self._fail(exc)
-            self._drop(job)
+            self._land.drop(job)
 
-    def _restart(self, job: _Job) -> None:
+    def _restart(self, job: Job) -> None:
         job.restarts += 1
         self._restarts += 1
         info = changed(self.store, job.src.key, job.restarts, self.options.max_restarts)
@@ -401,37 +375,9 @@ class Downloader:
         job.written, job.stale = 0, False
         job.part.open(info.size, self._direct, ranges=self.store.supports_ranges)  # truncates
         if info.size == 0:
-            self._finish(job)
+            self._land.finish(job)
         else:
             self._schedule(job, slots=False)  # from a worker: must not wait for a slot
-
-    def _finish(self, job: _Job) -> None:
-        """A file's bytes are all written: check its size, make it durable,
-        rename it to its final name, record it.
-
-        Small files are made durable in groups (group commit): one syncfs
-        of the destination covers every file of the group, whose writes are
-        all done, for about the cost of one fsync (transfer.durable; where
-        syncfs cannot stand in, each file is fsync'd). Until the group is
-        committed its files keep their `.part` names."""
-        job.dev = job.part.check(job.src.size).st_dev
-        if not self.options.fsync or job.src.size > GROUP_COMMIT_MAX_FILE:
-            if self.options.fsync:
-                os.fsync(job.part.fd)
-            job.part.close()
-            self._publish(job)
-            return
-        self._join_group(job)
-
-    def _join_group(self, job: _Job) -> None:
-        with self._group_lock:
-            self._group.append(job)
-            full = len(self._group) >= GROUP_COMMIT_FILES
-        if full:
-            self._commit_group()
-        else:
-            with self._jobs_lock:
-                self._idle.notify_all()  # the last files may all be waiting for a commit
 
     # -- the small-file lane in worker processes (transfer.lane) -------------
 
@@ -446,7 +392,7 @@ class Downloader:
             self._direct.enabled, self.options.fsync, self._sync.dev, self.options.max_restarts,
         )  # fmt: skip
 
-    def _lane_done(self, job: _Job, result: Result) -> None:
+    def _lane_done(self, job: Job, result: Result) -> None:
         """A worker's report on one file (the collector thread): its `.part`
         is complete and size-checked, or the error that stopped it."""
         try:
@@ -461,71 +407,14 @@ class Downloader:
             job.dev, job.written = result.dev, result.size
             self.progress.add_bytes(result.size)
             if self._cancel.is_set():
-                self._drop(job)
+                self._land.drop(job)
             elif not self.options.fsync or result.durable:
-                self._publish(job)
+                self._land.publish(job)
             else:
-                self._join_group(job)  # made durable by the group's syncfs
+                self._land.join(job)  # made durable by the group's syncfs
         except BaseException as exc:
             self._fail(exc)
-            self._drop(job)
-
-    def _commit_group(self) -> None:
-        """Make every file of the current group durable, then rename them all."""
-        with self._commit_lock:  # one commit at a time; others keep downloading
-            with self._group_lock:
-                group, self._group = self._group, []
-            try:
-                if group:
-                    self._sync.sync([(job.part.fd, job.dev) for job in group])
-            except BaseException:
-                for job in group:
-                    self._drop(job)
-                raise
-            renamed: list[_Job] = []
-            try:
-                for job in group:
-                    job.part.close()
-                    os.replace(job.part.path, job.final)
-                    renamed.append(job)
-            finally:  # the group's files with their final names: one manifest write
-                self._manifest.record_many([(j.src.rel, j.src.size, j.src.etag) for j in renamed])
-                for job in renamed:
-                    self.progress.file_done()
-                    self._forget(job)
-
-    def _publish(self, job: _Job) -> None:
-        os.replace(job.part.path, job.final)
-        self._manifest.record(job.src.rel, job.src.size, job.src.etag)
-        self.progress.file_done()
-        self._forget(job)
-
-    def _drop(self, job: _Job) -> None:
-        job.part.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(job.part.path)
-        self._forget(job)
-
-    def _forget(self, job: _Job) -> None:
-        with self._jobs_lock:
-            self._jobs.discard(job)
-            if not self._jobs:
-                self._idle.notify_all()
-
-    def _wait_idle(self) -> None:
-        """Until every file is done or waits only for its group commit; then
-        commit the last group. After a failure the pool's shutdown (leaving
-        the with-block) waits for the tasks, and `_cleanup_failed` commits the
-        complete files and drops the rest."""
-        with self._jobs_lock:
-            while not self._cancel.is_set():
-                with self._group_lock:
-                    grouped = len(self._group)
-                if len(self._jobs) <= grouped:
-                    break
-                self._idle.wait(0.5)
-        if not self._cancel.is_set():
-            self._commit_group()
+            self._land.drop(job)
 
     def _fail(self, exc: BaseException) -> None:
         with self._error_lock:
@@ -533,16 +422,3 @@ class Downloader:
                 self._error = exc
                 log.error("download failed: %s", exc or type(exc).__name__)
         self._cancel.set()
-
-    def _cleanup_failed(self) -> None:
-        """After the pool has stopped: files complete and waiting for their
-        group commit are committed (a re-run skips them); no .part file
-        survives a failed run."""
-        try:
-            self._commit_group()
-        except OSError as exc:
-            log.warning("could not commit the last completed files: %s", exc)
-        with self._jobs_lock:
-            jobs = list(self._jobs)
-        for job in jobs:
-            self._drop(job)
