@@ -42,9 +42,11 @@ log = logging.getLogger("datamount.ahead")
 # Files fetched ahead of the reader at most: 32 small files are ~40 ms of
 # requests on 8 read threads, more than one open's latency ahead.
 AHEAD_FILES = 32
-# Listings the folder-order policy keeps: names only, ~150 bytes each with
-# their index (4 x 100,000 names: ~60 MiB at worst); a folder beyond
-# MAX_LISTING names is judged on its first MAX_LISTING.
+# Listings the folder-order policy keeps: mount-relative paths (so a tail is
+# the plan as it is, with no path built per name per open), ~150 bytes each
+# with their index plus the folder's path (4 x 100,000 paths: ~60 MiB at
+# worst, more for long folder paths); a folder beyond MAX_LISTING names is
+# judged on its first MAX_LISTING.
 MAX_FOLDERS = 4
 MAX_LISTING = 100_000
 # Events waiting for the worker beyond this are dropped (oldest first): a
