@@ -22,14 +22,14 @@ import pytest
 
 from datamount.read.blocks import BlockKey, ObjectId
 from datamount.read.cache import disk as disk_module
-from datamount.read.cache.disk import (
+from datamount.read.cache.blockfile import (
     FORMAT_VERSION,
     HEADER,
     MAGIC,
     TMP_DIR,
-    DiskCache,
     encode_header,
 )
+from datamount.read.cache.disk import DiskCache
 from datamount.read.stats import MountStats
 from datamount.settings import KB, MB, Settings
 

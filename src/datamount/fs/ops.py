@@ -139,6 +139,7 @@ class ReadOnlyFS:
         self._dirs: dict[int, DirStream] = {}
         self._versions: dict[str, str] = {}  # blob key -> etag the last open pinned
         self._inflight = 0
+        self._idle_waiters = 0  # wait_idle callers: reads and releases notify only them
         self._counts = {
             "getattrs": 0,  # kernel lookups that reached Python (readdirplus saves them)
             "opens": 0,
@@ -327,8 +328,10 @@ class ReadOnlyFS:
             if file is None:
                 raise os_error(errno.EBADF)
             self._inflight += 1
+        done = False
         try:
             result = body(self.handle_of(file))
+            done = True
         except OSError as exc:
             if isinstance(exc, VersionChanged | ObjectNotFound) or exc.errno == errno.ESTALE:
                 self._stale(file)
@@ -337,13 +340,18 @@ class ReadOnlyFS:
                 self._counts["read_errors"] += 1
             raise
         finally:
-            with self._lock:
+            with self._lock:  # one lock hold per read for the bookkeeping
                 self._inflight -= 1
-                self._idle.notify_all()
-        with self._lock:
-            self._counts["reads"] += 1
-            self._counts["bytes_read"] += count(result)
+                if done:
+                    self._counts["reads"] += 1
+                    self._counts["bytes_read"] += count(result)
+                self._wake_idle()
         return result
+
+    def _wake_idle(self) -> None:
+        """_lock held: wake wait_idle once nothing is open or being read."""
+        if self._idle_waiters and not self._files and not self._inflight:
+            self._idle.notify_all()
 
     def _stale(self, file: OpenFile) -> None:
         self.namespace.invalidate(file.path)
@@ -361,7 +369,7 @@ class ReadOnlyFS:
     def release(self, fh: int) -> None:
         with self._lock:
             file = self._files.pop(fh, None)
-            self._idle.notify_all()
+            self._wake_idle()
         if file is not None:
             self.let_go(file)
 
@@ -371,12 +379,16 @@ class ReadOnlyFS:
         """Wait until no file is open and no read is running; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._files or self._inflight:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
-            return True
+            self._idle_waiters += 1
+            try:
+                while self._files or self._inflight:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._idle.wait(left)
+                return True
+            finally:
+                self._idle_waiters -= 1
 
     def counters(self) -> dict[str, int]:
         with self._lock:

@@ -42,9 +42,11 @@ log = logging.getLogger("datamount.ahead")
 # Files fetched ahead of the reader at most: 32 small files are ~40 ms of
 # requests on 8 read threads, more than one open's latency ahead.
 AHEAD_FILES = 32
-# Listings the folder-order policy keeps: names only, ~150 bytes each with
-# their index (4 x 100,000 names: ~60 MiB at worst); a folder beyond
-# MAX_LISTING names is judged on its first MAX_LISTING.
+# Listings the folder-order policy keeps: mount-relative paths (so a tail is
+# the plan as it is, with no path built per name per open), ~150 bytes each
+# with their index plus the folder's path (4 x 100,000 paths: ~60 MiB at
+# worst, more for long folder paths); a folder beyond MAX_LISTING names is
+# judged on its first MAX_LISTING.
 MAX_FOLDERS = 4
 MAX_LISTING = 100_000
 # Events waiting for the worker beyond this are dropped (oldest first): a
@@ -95,6 +97,8 @@ class FileAhead:
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._idle = True
+        self._waiting = False  # the worker waits for an event: `_put` must notify
+        self._idle_waiters = 0  # wait_idle callers: the worker notifies when idle
         self._thread = threading.Thread(target=self._work, name="datamount-ahead", daemon=True)
         self._thread.start()
 
@@ -115,7 +119,11 @@ class FileAhead:
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Until every queued event is planned (tests)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._idle and not self._events, timeout)
+            self._idle_waiters += 1
+            try:
+                return self._cond.wait_for(lambda: self._idle and not self._events, timeout)
+            finally:
+                self._idle_waiters -= 1
 
     def close(self) -> None:
         with self._cond:
@@ -128,7 +136,8 @@ class FileAhead:
             if self._closed:
                 return
             self._events.append((kind, what))
-            self._cond.notify()
+            if self._waiting:  # a busy worker finds the event without a wake-up
+                self._cond.notify()
 
     # -- the worker --------------------------------------------------------
 
@@ -136,8 +145,11 @@ class FileAhead:
         while True:
             with self._cond:
                 self._idle = True
-                self._cond.notify_all()
+                if self._idle_waiters:
+                    self._cond.notify_all()
+                self._waiting = True
                 self._cond.wait_for(lambda: self._closed or bool(self._events))
+                self._waiting = False
                 if self._closed:
                     return
                 kind, what = self._events.popleft()
@@ -156,38 +168,40 @@ class FileAhead:
         used, skipped = self.plan.opened(rel)
         if used:
             self.stats.add(files_prefetch_used=1)
-        self._objs.pop(rel, None)
         self._drop(skipped)
-        if self._listing is None:
-            return
-        folder, _, name = rel.rpartition("/")
-        if self.order.wants_listing(folder, name):
+        if self._listing is not None:
+            self._follow(rel)
+        self._keep_planned()
+
+    def _follow(self, rel: str) -> None:
+        """The folder order: FolderOrder judges mount-relative paths (its
+        listings are given as paths), so its tail is the plan as it is."""
+        folder = rel.rpartition("/")[0]
+        if self.order.wants_listing(folder, rel):
             self._list(folder)
-        tail = self.order.on_open(folder, name, lookahead=2 * self.plan.max_files)
+        tail = self.order.on_open(folder, rel, lookahead=2 * self.plan.max_files)
         source = f"folder:{folder}"
         if tail is None:
             if self.plan.source == source:
                 log.debug("folder order broken in %r: plan dropped", folder)
                 self._drop(self.plan.clear())
-                self._keep_planned()
             return
         if not tail or (self.plan.source == "hints" and len(self.plan)):
             return  # hints left: they know better than the listing
-        paths = [f"{folder}/{n}" if folder else n for n in tail]
-        self._drop(self.plan.replace(paths, source))
-        self._keep_planned()
+        self._drop(self.plan.replace(tail, source))
 
     def _keep_planned(self) -> None:
-        """Forget the versions of paths no longer in the plan."""
-        planned = set(self.plan.paths())
-        self._objs = {p: o for p, o in self._objs.items() if p in planned}
+        """Forget the versions of paths that left the plan (O(what left))."""
+        for path in self.plan.take_left():
+            if path not in self.plan:
+                self._objs.pop(path, None)
 
     def _on_hint(self, rels: list[str], replace: bool) -> None:
         if replace or self.plan.source != "hints":
             self._drop(self.plan.replace(rels, "hints"))
-            self._keep_planned()
         else:
             self.plan.extend(rels, "hints")
+        self._keep_planned()
 
     def _list(self, folder: str) -> None:
         assert self._listing is not None
@@ -197,7 +211,7 @@ class FileAhead:
             log.debug("listing %r for file-ahead prefetch: %s", folder, exc)
             names = []
         self._listed[folder] = None
-        self.order.add_listing(folder, names)
+        self.order.add_listing(folder, [f"{folder}/{n}" if folder else n for n in names])
         while len(self._listed) > MAX_FOLDERS:
             old, _ = self._listed.popitem(last=False)
             self.order.forget(old)

@@ -12,11 +12,9 @@ two-level layout found at start are removed.
 Blocks of another etag live under other names, so a handle pinned to the old
 version and one on the new version both cache without evicting each other.
 
-File format (FORMAT_VERSION 2): HEADER (magic, format version, lengths of the
-UTF-8 store/key/etag, block index, object size, data length, XXH3-64 of the
-data), then store, key and etag, then the data. `get` checks every field
-against the key it was asked for, the file size and the checksum: a corrupt,
-truncated, foreign-version or other-format file is a miss and is removed. No
+The file format, its checks and the writing of one file (O_TMPFILE linked in
+place, O_DIRECT for big blocks) live in blockfile.py: `get` treats a corrupt,
+truncated, foreign-version or other-format file as a miss and removes it. No
 fsync: a block torn by a power cut fails its checksum, and a cache may lose data.
 
 Writes never block a reader. `put` appends to a queue bounded in bytes: the
@@ -26,14 +24,8 @@ what a 200 MB/s temp disk absorbs in 2.5 s); a block being written still
 counts, so RAM held for the disk is never above the bound. When the queue is
 full, or the whole budget is, the block is skipped (`disk_queue_dropped`). A
 queued block is served by `get` from the queue. `write_threads` writers
-write `root/tmp/<name>.<tid>.tmp` and rename it, so a final name never holds
-a torn block. Blocks of
-DIRECT_MIN bytes and more are written with O_DIRECT (all but the last
-partial page, which is written through the page cache), from a page-aligned
-per-writer buffer: buffered writes of fresh files cost this VM ~2.5 s of
-kernel CPU per GiB (page-cache allocation; the downloader measured the same),
-taken from the two cores the reads need. Where O_DIRECT is refused (tmpfs),
-writes are buffered.
+write each block whole before it gets its final name (blockfile.py), so a
+final name never holds a torn block.
 
 Accounting. The bytes of every indexed file (header + data) and of every write
 in flight are counted in memory. Before each write: if used + new exceeds
@@ -56,71 +48,30 @@ misses are counted by tiered.py. Threads: one indexer, `write_threads` writers.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import hashlib
 import logging
-import mmap
 import os
 import shutil
-import struct
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from pathlib import Path
 
-import xxhash
-
 from datamount.budget import DISK_QUEUE, MemoryBudget
-from datamount.read.blocks import BlockData, BlockKey, ObjectId
-from datamount.read.copy import copy_into
+from datamount.read.blocks import BlockData, BlockKey
+from datamount.read.cache import blockfile
+from datamount.read.cache.blockfile import (
+    SUFFIX,
+    TMP_DIR,
+    BlockFiles,
+    block_name,
+    encode_header,
+)
 from datamount.read.stats import MountStats
 
 log = logging.getLogger("datamount.read.cache.disk")
 
-MAGIC = b"DMBLOCK\n"
-# 2: the checksum is XXH3-64. Version 1 had zlib.crc32: 3.7 GB/s of CPU on this
-# VM, 0.29 CPU-s per GiB written and again per GiB read back (writing 512 MiB of
-# 2 MiB blocks: 0.37 -> 0.28 CPU-s; reading them: 0.23 -> 0.10); XXH3 46 GB/s.
-FORMAT_VERSION = 2
-# magic, format version, len(store), len(key), len(etag), block index, object size,
-# data length, xxh3_64(data); then store, key, etag (UTF-8), then the data.
-HEADER = struct.Struct("<8sHIIIQQQQ")
-SUFFIX = ".blk"
-TMP_DIR = "tmp"
 _INDEX_CHUNK = 4096  # entries inserted per lock hold while indexing: gets wait < 5 ms
 _HEX = frozenset("0123456789abcdef")
-ALIGN = 4096  # O_DIRECT alignment of buffer address, offset and length (the page size)
-DIRECT_MIN = 64 << 10  # below this a buffered write is as cheap
-
-
-def _identity(obj: ObjectId) -> tuple[bytes, bytes, bytes]:
-    def utf8(text: str) -> bytes:
-        return text.encode("utf-8", "surrogatepass")
-
-    return utf8(obj.store), utf8(obj.key), utf8(obj.etag)
-
-
-def block_name(key: BlockKey) -> str:
-    """The file name (without suffix) of a block: a hash of its full identity."""
-    parts = _identity(key.obj)
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(struct.pack("<IIIQQ", *map(len, parts), key.index, key.obj.size))
-    for part in parts:
-        digest.update(part)
-    return digest.hexdigest()
-
-
-def encode_header(key: BlockKey, data: BlockData) -> bytes:
-    store, name, etag = _identity(key.obj)
-    lengths = (len(store), len(name), len(etag))
-    fields = (key.index, key.obj.size, len(data), checksum(data))
-    return HEADER.pack(MAGIC, FORMAT_VERSION, *lengths, *fields) + store + name + etag
-
-
-def checksum(data: BlockData) -> int:
-    """The XXH3-64 of a block's data, as its header keeps it."""
-    return xxhash.xxh3_64_intdigest(data)
 
 
 def _free_bytes(root: Path) -> int:
@@ -170,20 +121,24 @@ class DiskCache:
         self.root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self._tmp, ignore_errors=True)  # leftovers of a killed process
         self._tmp.mkdir(exist_ok=True)
+        self._files = BlockFiles(self.root)  # closed by close(), after the writers
 
         self._lock = threading.Lock()  # guards _index, _used, _in_flight
         self._index: OrderedDict[str, int] = OrderedDict()  # name -> file size, LRU first
         self._used = 0  # indexed files + writes in flight
         self._in_flight = 0  # reserved by writers, not yet renamed
         self._space_lock = threading.Lock()  # one writer at a time checks the bound
-        self._cond = threading.Condition()  # guards the queue and _closing
+        queue_lock = threading.RLock()
+        self._cond = threading.Condition(queue_lock)  # guards the queue and _closing
+        # flush() waits on its own condition: the queue running dry wakes it,
+        # not the idle writers (one notify_all per drained queue woke them all).
+        self._drained = threading.Condition(queue_lock)
         self._queue: deque[tuple[str, BlockKey]] = deque()
         self._queued: dict[str, BlockData] = {}  # queued or being written
         self._queued_bytes = 0
         self._closing = False
+        self._idle_writers = 0  # writers waiting for a block
         self._ready = threading.Event()  # the existing files are indexed
-        self._direct = hasattr(os, "O_DIRECT")  # cleared where the filesystem refuses it
-        self._local = threading.local()  # each writer's aligned buffer
 
         self._threads = [threading.Thread(target=self._index_existing, name="dm-disk-index")]
         self._threads += [
@@ -207,9 +162,9 @@ class DiskCache:
         with self._lock:
             if self._ready.is_set() and name not in self._index:
                 return None  # once built, the index knows every file: no syscall for a miss
-        path = self._path(name)
+        path = self._files.path(name)
         try:
-            found = self._read(path, key)
+            found = blockfile.read(path, key)
         except FileNotFoundError:  # removed behind our back: stop counting it
             with self._lock:
                 self._used -= self._index.pop(name, 0)
@@ -245,7 +200,8 @@ class DiskCache:
                 self._queue.append((name, key))
                 self._queued[name] = data
                 self._queued_bytes += len(data)
-                self._cond.notify()
+                if self._idle_writers:  # busy writers find the block without a wake-up
+                    self._cond.notify()
         if dropped and self._stats is not None:
             self._stats.add(disk_queue_dropped=1)
 
@@ -257,7 +213,7 @@ class DiskCache:
         with self._lock:
             if name in self._index:
                 return True
-        return not self._ready.is_set() and self._path(name).is_file()
+        return not self._ready.is_set() and os.path.isfile(self._files.path(name))
 
     def close(self) -> None:
         """Abandon the queued blocks, let each writer finish the block it is
@@ -268,16 +224,18 @@ class DiskCache:
                 self._unqueue(name)
             self._queue.clear()
             self._cond.notify_all()
+            self._drained.notify_all()
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join()
+        self._files.close()
 
     # --- extras for the composition root and tests ----------------------------------
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued block is written or dropped; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queued, timeout)
+            return self._drained.wait_for(lambda: not self._queued, timeout)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until the files found at start are indexed."""
@@ -297,48 +255,31 @@ class DiskCache:
         """Where the block's file is (or would be)."""
         return self._path(block_name(key))
 
+    @property
+    def _direct(self) -> bool:
+        """Whether big blocks are written with O_DIRECT (False once refused)."""
+        return self._files.direct
+
     def _path(self, name: str) -> Path:
-        return self.root / name[0:2] / (name + SUFFIX)
+        return Path(self._files.path(name))
 
     # --- reading ----------------------------------------------------------------------
 
-    @staticmethod
-    def _read(path: Path, key: BlockKey) -> tuple[bytes, int] | None:
-        """(data, file size), or None when the file is not exactly this block."""
-        store, name, etag = _identity(key.obj)
-        with open(path, "rb") as f:
-            file_size = os.fstat(f.fileno()).st_size
-            fixed = f.read(HEADER.size)
-            if len(fixed) != HEADER.size:
-                return None
-            magic, version, n_store, n_name, n_etag, index, size, length, crc = HEADER.unpack(fixed)
-            expected = (MAGIC, FORMAT_VERSION, len(store), len(name), len(etag))
-            if (magic, version, n_store, n_name, n_etag) != expected:
-                return None
-            if (index, size) != (key.index, key.obj.size):
-                return None
-            if file_size != HEADER.size + n_store + n_name + n_etag + length:
-                return None
-            if f.read(n_store + n_name + n_etag) != store + name + etag:
-                return None
-            data = f.read(length)
-        if len(data) != length or checksum(data) != crc:
-            return None
-        return data, file_size
-
-    def _forget(self, name: str, path: Path) -> None:
+    def _forget(self, name: str, path: str) -> None:
         """Drop an invalid file from the index and the disk, in one step for pruners."""
         with self._lock:
             self._used -= self._index.pop(name, 0)
             with contextlib.suppress(OSError):
-                path.unlink()
+                os.unlink(path)
 
     # --- writing ----------------------------------------------------------------------
 
     def _write_loop(self) -> None:
         while True:
             with self._cond:
+                self._idle_writers += 1
                 self._cond.wait_for(lambda: self._closing or (self._queue and self._ready.is_set()))
+                self._idle_writers -= 1
                 if self._closing:
                     return
                 name, key = self._queue.popleft()
@@ -350,8 +291,8 @@ class DiskCache:
             finally:
                 with self._cond:
                     self._unqueue(name)
-                    if not self._queued:  # what flush() waits for; the writers wait
-                        self._cond.notify_all()  # for blocks, not for this
+                    if not self._queued:  # what flush() waits for
+                        self._drained.notify_all()
 
     def _unqueue(self, name: str) -> None:
         """A queued block is written, dropped or abandoned: give its bytes back. _cond held."""
@@ -364,21 +305,10 @@ class DiskCache:
         total = len(header) + len(data)
         if self._closing or not self._reserve(name, total):
             return
-        tmp = self._tmp / f"{name}.{threading.get_ident()}.tmp"
-        final = self._path(name)
+        final = self._files.path(name)
         try:
-            if not (self._direct and total >= DIRECT_MIN and self._write_direct(tmp, header, data)):
-                with open(tmp, "wb") as f:
-                    f.write(header)
-                    f.write(data)
-            try:
-                os.replace(tmp, final)
-            except FileNotFoundError:  # the folder's first block (no mkdir per block)
-                final.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, final)
+            self._files.write(name, header, data)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             with self._lock:
                 self._used -= total
                 self._in_flight -= total
@@ -387,38 +317,6 @@ class DiskCache:
         with self._lock:
             self._in_flight -= total
             self._index[name] = total
-
-    def _write_direct(self, tmp: Path, header: bytes, data: BlockData) -> bool:
-        """Write header + data to `tmp`, the whole pages with O_DIRECT; False
-        (nothing written) when the filesystem refuses O_DIRECT."""
-        total = len(header) + len(data)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            log.info("disk cache: O_DIRECT unavailable in %s: buffered writes", self.root)
-            self._direct = False
-            return False
-        try:
-            buf = self._buffer(total)
-            buf[: len(header)] = header
-            copy_into(buf[len(header) : total], data)  # without the GIL (read/copy.py)
-            whole = total - total % ALIGN
-            _write_all(fd, buf[:whole], 0)
-            if whole < total:  # the last partial page: through the page cache
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                _write_all(fd, buf[whole:total], whole)
-        finally:
-            os.close(fd)
-        return True
-
-    def _buffer(self, size: int) -> memoryview:
-        """This writer's page-aligned buffer (mmap), at least `size` bytes."""
-        buf: memoryview | None = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < size:
-            buf = self._local.buf = memoryview(mmap.mmap(-1, -(-size // ALIGN) * ALIGN))
-        return buf
 
     def _reserve(self, name: str, size: int) -> bool:
         """Make room for `size` bytes (pruning LRU files) and count them as used."""
@@ -453,7 +351,8 @@ class DiskCache:
                     break
                 name, size = self._index.popitem(last=False)
                 try:
-                    self._path(name).unlink(missing_ok=True)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self._files.path(name))
                 except OSError as exc:  # still on disk: keep counting it, stop pruning
                     self._index[name] = size
                     self._index.move_to_end(name, last=False)
@@ -496,12 +395,6 @@ class DiskCache:
                 self._cond.notify_all()
             if found:
                 log.info("disk cache: reusing %d blocks in %s", len(found), self.root)
-
-
-def _write_all(fd: int, view: memoryview, offset: int) -> None:
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
 
 
 def _remove_old_blocks(leaf: Path, prefix: str) -> None:

@@ -132,19 +132,25 @@ class FolderOrder:
         state.opened = {pos}
 
     def _tail(self, state: _Folder, lookahead: int) -> list[str]:
+        """The names from `start` on, less the opened ones, up to `lookahead`:
+        slices of the listing between the (at most tolerance + 1) opened
+        positions, not a loop over every position."""
         start = max(0, state.hi - self.tolerance)
-        # Opened positions far behind can never be wanted again in this streak.
-        state.opened = {p for p in state.opened if p >= start}
+        if len(state.opened) > 2 * (self.tolerance + 1):
+            # Opened positions far behind can never be wanted again in this streak.
+            state.opened = {p for p in state.opened if p >= start}
+        names, cur = state.names, start
         out: list[str] = []
-        for pos in range(start, len(state.names)):
-            if pos not in state.opened:
-                out.append(state.names[pos])
-                if len(out) >= lookahead:
-                    break
-        return out
+        for pos in sorted(p for p in state.opened if p >= start):
+            if len(out) >= lookahead:
+                break
+            out += names[cur:pos]
+            cur = pos + 1
+        out += names[cur : cur + max(0, lookahead - len(out))]
+        return out[:lookahead]
 
 
-@dataclass
+@dataclass(eq=False)  # identity: list.index finds an entry in C
 class _Entry:
     path: str
     size: int | None = None  # None: not resolved yet
@@ -157,7 +163,14 @@ class AheadPlan:
 
     Paths are the caller's (mount-relative); sizes are set with `resolve`
     before a file can be due. A file larger than `max_file_bytes` (or empty)
-    stays in the plan (its position counts) but is never fetched whole."""
+    stays in the plan (its position counts) but is never fetched whole.
+
+    Cost per open, amortised O(1) in the plan's length: a dict finds an
+    entry, the window's files and bytes are counted as they change, two
+    cursors remember how far the queue is resolved and fetched, and a
+    `replace` that only moves the plan along (the folder order's next tail:
+    the same files less the first ones, a few more at the end) drops and
+    appends just those."""
 
     def __init__(
         self, max_files: int, max_bytes: int, *, max_file_bytes: int | None = None,
@@ -172,41 +185,68 @@ class AheadPlan:
         self.max_misses = max_misses
         self.source = ""  # who made the plan: "folder:<path>" or "hints"
         self._queue: list[_Entry] = []
+        self._paths: list[str] = []  # the queue's paths, for comparisons in C
+        self._by_path: dict[str, _Entry] = {}
         self._misses = 0
+        self._skips = 0  # entries with skip set
+        self._files = self._bytes = 0  # fetched entries (all within the reach)
+        self._sized = 0  # every entry before this one has its size
+        self._done = 0  # every entry before this one is fetched or skipped
+        self._left: list[str] = []  # paths that left the queue, for `take_left`
 
     def __len__(self) -> int:
         return len(self._queue)
 
+    def __contains__(self, path: str) -> bool:
+        return path in self._by_path
+
     def paths(self) -> list[str]:
-        return [e.path for e in self._queue]
+        return list(self._paths)
+
+    def take_left(self) -> list[str]:
+        """The paths that left the plan since the last call (the caller
+        forgets what it kept for them)."""
+        left, self._left = self._left, []
+        return left
 
     def ahead(self) -> tuple[int, int]:
         """(files, bytes) fetched ahead and not yet opened. Fetched files are
         always within the window's reach (`due` fetches only there, opens
-        only remove files before them, `replace` drops those beyond it), so
-        only the reach is counted: O(max_files) per call, not O(plan)."""
-        fetched = [e for e in self._queue[: self._reach()] if e.fetched]
-        return len(fetched), sum(e.size or 0 for e in fetched)
+        only remove files before them, `replace` drops those beyond it)."""
+        return self._files, self._bytes
 
     def replace(self, paths: Sequence[str], source: str) -> list[str]:
         """The plan becomes `paths` (what was fetched of them stays fetched
         while within the window's reach); the fetched files not in it, or
         now beyond the reach: dropped, returned (wasted)."""
-        old = {e.path: e for e in self._queue}
-        self._queue = [old.pop(p) if p in old else _Entry(p) for p in dict.fromkeys(paths)]
+        new = list(dict.fromkeys(paths))
         self.source = source
         self._misses = 0
-        dropped = [e.path for e in old.values() if e.fetched]
+        old = self._paths
+        if new and old and new[0] in self._by_path:
+            first = old.index(new[0])
+            kept = len(old) - first
+            if old[first:] == new[:kept] and not any(p in self._by_path for p in new[kept:]):
+                dropped = [e.path for e in self._queue[:first] if e.fetched]
+                self._remove(0, first)
+                self._append(new[kept:])
+                return dropped  # the reach only grew: nothing fetched is beyond it
+        wanted = set(new)
+        dropped = [e.path for e in self._queue if e.fetched and e.path not in wanted]
+        entries = [self._by_path.get(p) or _Entry(p) for p in new]
+        self._remove(0, len(self._queue))
+        self._left = [p for p in self._left if p not in wanted]
+        for e in entries:
+            self._add(e)
         for e in self._queue[self._reach() :]:
             if e.fetched:
-                e.fetched = False
+                self._unfetch(e)
                 dropped.append(e.path)
         return dropped
 
     def extend(self, paths: Sequence[str], source: str) -> None:
         """More files after the planned ones (a loader's next hints)."""
-        known = {e.path for e in self._queue}
-        self._queue.extend(_Entry(p) for p in dict.fromkeys(paths) if p not in known)
+        self._append([p for p in dict.fromkeys(paths) if p not in self._by_path])
         self.source = source
 
     def clear(self) -> list[str]:
@@ -215,63 +255,114 @@ class AheadPlan:
 
     def unresolved(self) -> list[str]:
         """The files in the window's reach whose size is still unknown."""
-        return [e.path for e in self._queue[: self._reach()] if e.size is None]
+        reach, q = self._reach(), self._queue
+        while self._sized < reach and q[self._sized].size is not None:
+            self._sized += 1
+        return [e.path for e in q[self._sized : reach] if e.size is None]
 
     def resolve(self, path: str, size: int | None) -> None:
         """The size of `path` (None: it does not exist: it leaves the plan)."""
-        for i, e in enumerate(self._queue):
-            if e.path == path:
-                if size is None:
-                    del self._queue[i]
-                else:
-                    e.size, e.skip = size, size == 0 or size > self.max_file_bytes
-                return
+        e = self._by_path.get(path)
+        if e is None:
+            return
+        if size is None:
+            pos = self._queue.index(e)
+            self._remove(pos, pos + 1)
+            return
+        if e.fetched:
+            self._bytes += size - (e.size or 0)
+        was_skip = e.skip
+        e.size, e.skip = size, size == 0 or size > self.max_file_bytes
+        self._skips += e.skip - was_skip
+        if was_skip and not e.skip and not e.fetched:  # due again: before the cursor?
+            self._done = min(self._done, self._queue.index(e))
 
     def due(self) -> list[str]:
         """The files to fetch now, in order, keeping the window within
         `max_files` files and `max_bytes` bytes fetched ahead. Marks them
         fetched; a file the fetcher could not take goes back with `undo`."""
-        files, nbytes = self.ahead()
+        reach, q = self._reach(), self._queue
+        while self._done < reach and (q[self._done].fetched or q[self._done].skip):
+            self._done += 1
         out: list[str] = []
-        for e in self._queue[: self._reach()]:
+        for e in q[self._done : reach]:
             if e.fetched or e.skip:
                 continue
-            if e.size is None or files >= self.max_files or nbytes + e.size > self.max_bytes:
+            size = e.size
+            if size is None or self._files >= self.max_files or self._bytes + size > self.max_bytes:
                 break  # in order: never fetch past a file that does not fit yet
             e.fetched = True
-            files, nbytes = files + 1, nbytes + e.size
+            self._files, self._bytes = self._files + 1, self._bytes + size
             out.append(e.path)
         return out
 
     def undo(self, path: str) -> None:
         """`path` was not fetched after all (no room in the memory budget)."""
-        for e in self._queue:
-            if e.path == path:
-                e.fetched = False
-                return
+        e = self._by_path.get(path)
+        if e is not None and e.fetched:
+            self._unfetch(e)
 
     def opened(self, path: str) -> tuple[bool, list[str]]:
         """The reader opened `path`: (it was fetched ahead, the fetched files
         it skipped, now out of the plan). Files more than `tolerance`
         positions before it leave the plan; so does the whole plan after
         `max_misses` opens in a row of files not in it."""
-        pos = next((i for i, e in enumerate(self._queue) if e.path == path), None)
-        if pos is None:
+        e = self._by_path.get(path)
+        if e is None:
             self._misses += 1
             if self._queue and self._misses > self.max_misses:
                 return False, self.clear()
             return False, []
         self._misses = 0
-        used = self._queue[pos].fetched
+        pos = self._queue.index(e)
+        used = e.fetched
         cut = max(0, pos - self.tolerance)
         skipped = [e.path for e in self._queue[:cut] if e.fetched]
-        del self._queue[pos]
-        del self._queue[:cut]
+        self._remove(pos, pos + 1)
+        self._remove(0, cut)
         return used, skipped
+
+    # -- the bookkeeping of entries coming and going ----------------------------
+
+    def _add(self, e: _Entry) -> None:
+        self._queue.append(e)
+        self._paths.append(e.path)
+        self._by_path[e.path] = e
+        self._skips += e.skip
+        if e.fetched:
+            self._files, self._bytes = self._files + 1, self._bytes + (e.size or 0)
+
+    def _append(self, paths: list[str]) -> None:
+        for p in paths:
+            self._add(_Entry(p))
+
+    def _remove(self, start: int, stop: int) -> None:
+        """Entries [start, stop) leave the queue."""
+        if start >= stop:
+            return
+        for e in self._queue[start:stop]:
+            del self._by_path[e.path]
+            self._left.append(e.path)
+            self._skips -= e.skip
+            if e.fetched:
+                self._files, self._bytes = self._files - 1, self._bytes - (e.size or 0)
+        del self._queue[start:stop], self._paths[start:stop]
+        n = stop - start  # the cursors move back with the entries after the cut
+        if self._sized > start:
+            self._sized = max(start, self._sized - n)
+        if self._done > start:
+            self._done = max(start, self._done - n)
+
+    def _unfetch(self, e: _Entry) -> None:
+        e.fetched = False
+        self._files, self._bytes = self._files - 1, self._bytes - (e.size or 0)
+        self._done = min(self._done, self._queue.index(e))
 
     def _reach(self) -> int:
         """How far into the queue the window looks: `max_files` fetchable
         files (files too big to fetch do not count)."""
+        if not self._skips:
+            return min(len(self._queue), self.max_files)
         count = 0
         for i, e in enumerate(self._queue):
             if not e.skip:
