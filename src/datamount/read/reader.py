@@ -24,7 +24,8 @@ are positional, there is no shared file position.
 - `DirectReader`: every read is one ranged request (tests, baselines).
 
 Threads: none of their own; reads run in the caller's thread and wait for the
-fetcher's workers.
+fetcher's workers, except a random read that is one part read of one block
+(read/parts.py `read_part_into`), whose GET runs in the caller's thread.
 """
 
 from __future__ import annotations
