@@ -143,6 +143,10 @@ class BlockFetcher:
         self.run_blocks = max(1, min(run_bytes, self._held.prefetch_cap) // block_size)
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     # -- reads -------------------------------------------------------------
 
     def get(self, key: BlockKey, *, demand: bool = True) -> BlockData:

@@ -24,7 +24,8 @@ are positional, there is no shared file position.
 - `DirectReader`: every read is one ranged request (tests, baselines).
 
 Threads: none of their own; reads run in the caller's thread and wait for the
-fetcher's workers.
+fetcher's workers, except a random read that is one part read of one block
+(read/parts.py `read_part_into`), whose GET runs in the caller's thread.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ from datamount.read.blocks import BlockData, BlockKey, ObjectId, block_count, bl
 from datamount.read.copy import copy_into
 from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
-from datamount.read.parts import PART_ALIGN, PART_MIN_BLOCK, fetch_part, part_span
+from datamount.read.parts import (
+    PART_ALIGN,
+    PART_MIN_BLOCK,
+    fetch_part,
+    part_span,
+    read_part_into,
+)
 from datamount.read.prefetch.policy import PrefetchPolicy, reorder_slack
 from datamount.storage.base import ObjectStore
 
@@ -129,7 +136,9 @@ class BlockHandle:
         self._closed = False
 
     def read(self, offset: int, size: int) -> bytes:
-        parts = list(self._parts(offset, size))
+        planned = self._parts(offset, size)
+        assert not isinstance(planned, int)  # only a read into a buffer is served in place
+        parts = list(planned)
         if len(parts) == 1:
             data, lo, hi = parts[0]
             if isinstance(data, memoryview):  # a fetched block's buffer: bytes for the caller
@@ -140,16 +149,22 @@ class BlockHandle:
     def read_into(self, offset: int, view: memoryview) -> int:
         """Like read, into `view` (the FUSE request's own buffer): each block's
         bytes are copied straight in, with no bytes object of the read's size."""
+        planned = self._parts(offset, len(view), view)
+        if isinstance(planned, int):  # a part read straight into `view`
+            return planned
         pos = 0
-        for data, lo, hi in self._parts(offset, len(view)):
+        for data, lo, hi in planned:
             copy_into(view[pos : pos + hi - lo], memoryview(data)[lo:hi])
             pos += hi - lo
         return pos
 
-    def _parts(self, offset: int, size: int) -> Iterator[tuple[BlockData, int, int]]:
+    def _parts(
+        self, offset: int, size: int, into: memoryview | None = None
+    ) -> Iterator[tuple[BlockData, int, int]] | int:
         """(bytes, start, end) of each block (or part of one) the read covers,
         in order; every fetch and prefetch is scheduled before the first is
-        awaited."""
+        awaited. Or, for a read into `into` that is one part read of one
+        block, the bytes put there by that read, on this thread."""
         if offset < 0 or size < 0:
             raise OSError(errno.EINVAL, f"invalid read: offset={offset} size={size}")
         if self._closed:
@@ -162,18 +177,24 @@ class BlockHandle:
             ahead = self._policy.on_read(blocks[0], blocks[-1])
             random = self._policy.window == 0
         if random and self._dense is not None:
-            futures = self._random(blocks, offset, end)
+            # (A random read prefetches nothing: `ahead` is empty, window 0.)
+            planned = self._random(blocks, offset, end, into)
+            if isinstance(planned, int):
+                return planned
+            futures = planned
         else:  # demand first: these fetches are queued before the prefetches below
             futures = [(self.fetcher.start(BlockKey(self.obj, i)), 0) for i in blocks]
         self._prefetch(ahead)
         return self._slices(blocks, futures, offset, end)
 
     def _random(
-        self, blocks: Sequence[int], offset: int, end: int
-    ) -> list[tuple[Future[BlockData], int]]:
+        self, blocks: Sequence[int], offset: int, end: int, into: memoryview | None
+    ) -> list[tuple[Future[BlockData], int]] | int:
         """A random read: reported to the DenseFill, which grants part reads
         (read/parts.py) of the blocks it misses. (future, offset of its first
-        byte in the block) per block."""
+        byte in the block) per block; or, when the read is one granted part
+        that starts where the read does and fits `into`, that part read into
+        `into` on this thread: the bytes of the read."""
         assert self._dense is not None
         spans: dict[int, tuple[int, int]] = {}
         if self._part_align:
@@ -188,6 +209,12 @@ class BlockHandle:
                     spans[index] = (lo, hi)
         want = {i: hi - lo for i, (lo, hi) in spans.items()}
         granted = self._dense.on_random_read(self.obj, blocks[0], blocks[-1], want)
+        if into is not None and len(blocks) == 1 and blocks[0] in granted:
+            lo, hi = spans[blocks[0]]
+            base = blocks[0] * self.block_size
+            if base + lo == offset and hi - lo <= len(into):
+                read_part_into(self.fetcher, BlockKey(self.obj, blocks[0]), lo, hi, into)
+                return end - offset
         futures = []
         for index in blocks:
             key = BlockKey(self.obj, index)

@@ -47,7 +47,7 @@ from datamount.storage import proxy as proxies
 from datamount.storage import tls
 from datamount.storage.azure_auth import Auth, http_date
 from datamount.storage.errors import error_for_status
-from datamount.storage.http_response import Response, read_body_from_socket
+from datamount.storage.http_response import Response, exchange, host_header, read_body_from_socket
 from datamount.storage.http_response import read_body_into as _fill
 
 CONNECT_TIMEOUT = 10.0
@@ -92,6 +92,13 @@ class ConnectionPool:
         # on every request (as requests sends them).
         self.forward = proxy is not None and not self.https
         self.target_prefix = f"{parts.scheme}://{parts.netloc}" if self.forward else ""
+        # The Host header http.client derives per request (an absolute-form
+        # target: its netloc), for requests without a body (http_response.exchange).
+        self.host_header = (
+            parts.netloc
+            if self.forward
+            else host_header(self.host, self.port, 443 if self.https else 80)
+        )
         self.forward_headers = proxy.headers() if proxy is not None and self.forward else {}
         # The process's one context (storage.tls): the system store, plus
         # REQUESTS_CA_BUNDLE (`ca_bundle`), plus certifi only without a system store.
@@ -234,8 +241,11 @@ class RawClient:
         conn = pool.get(timeout)
         try:
             target = pool.target_prefix + self._url(path, params)
-            conn.request(method, target, body=body, headers=sent)
-            resp = conn.getresponse()
+            if body is None:  # GET, HEAD: one prepared write, the same bytes
+                resp = exchange(conn, method, target, pool.host_header, sent)
+            else:
+                conn.request(method, target, body=body, headers=sent)
+                resp = conn.getresponse()
         except BaseException:
             conn.close()
             raise

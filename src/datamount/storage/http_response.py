@@ -15,12 +15,22 @@ chunked bodies, Content-Length, keep-alive — is http.client's own code.
 from the socket (one Python call per TLS record), keeping the response's
 count so it closes as after its own reads.
 
+`exchange` sends a request without a body as one prepared block of bytes
+and reads its answer's status and headers: the same bytes http.client's
+request() puts on the wire (request line, Host, Accept-Encoding: identity,
+then the caller's headers in order; the same checks of the target and the
+values), without its per-header putheader calls and its state machine.
+Measured in the mount daemon on 68 KiB part reads over TLS (timestamps,
+benchmarks/mount.py workload 3): request() and getresponse() cost ~20 us of
+CPU per request in a hot loop, 30-40 us of a 1.1 ms miss in the daemon.
+
 Threads: none of its own; one Response is read by one thread.
 """
 
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 import ssl
 from collections.abc import Callable, Iterator
@@ -28,6 +38,11 @@ from typing import Any
 
 _MAXLINE = 65536  # http.client._MAXLINE
 _MAXHEADERS = 100  # http.client._MAXHEADERS
+# What http.client refuses in a request target (_contains_disallowed_url_pchar_re)
+# and in a header value (_is_illegal_header_value: a line break not followed by
+# folding whitespace, or a leading or trailing one).
+_BAD_TARGET = re.compile("[\x00-\x20\x7f]")
+_BAD_VALUE = re.compile(r"\n(?![ \t])|\r(?![ \t\n])")
 
 
 class Headers:
@@ -186,3 +201,42 @@ def read_body_from_socket(
     if direct:
         resp.length -= direct
         resp.readinto(view[:0])  # at the end: the response closes as after its own read
+
+
+def host_header(host: str, port: int, default_port: int) -> str:
+    """The Host header http.client sends for a connection to host:port."""
+    name = f"[{host}]" if ":" in host else host
+    return name if port == default_port else f"{name}:{port}"
+
+
+def exchange(
+    conn: http.client.HTTPConnection,
+    method: str,
+    target: str,
+    host: str,
+    headers: dict[str, str],
+) -> http.client.HTTPResponse:
+    """Send `method target` (no body) with these headers on the open
+    connection `conn` and return its response, status and headers read.
+    The connection stays idle for http.client (its next request() works);
+    an answer that closes the connection closes `conn`, as getresponse does."""
+    if _BAD_TARGET.search(target):
+        raise http.client.InvalidURL(f"URL can't contain control characters. {target!r}")
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: identity"]
+    for name, value in headers.items():
+        if _BAD_VALUE.search(value):
+            raise ValueError(f"Invalid header value {value.encode('latin-1')!r}")
+        lines.append(f"{name}: {value}")
+    lines.append("\r\n")
+    sock = conn.sock
+    assert sock is not None
+    sock.sendall("\r\n".join(lines).encode("latin-1"))
+    resp = conn.response_class(sock, method=method)
+    try:
+        resp.begin()
+    except ConnectionError:
+        conn.close()
+        raise
+    if resp.will_close:
+        conn.close()  # the response keeps the socket open until its body is read
+    return resp
