@@ -16,6 +16,8 @@ from azure.storage.blob._shared.authentication import (
     SharedKeyCredentialPolicy,
     _storage_header_sort,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 from azurite import ACCOUNT, KEY
 from datamount.errors import AccessDenied
@@ -104,6 +106,27 @@ def test_shared_key_signature_equals_the_sdk_policy(
     ours = dict(headers)
     SharedKeyAuth(ACCOUNT, KEY).sign(method, path, params, ours)
     assert ours["Authorization"] == request.headers["Authorization"]
+
+
+_NAMES = st.sampled_from(
+    ["x-ms-version", "X-MS-Date", "x-ms-range", "x-ms-meta-a_b", "x-ms-blob-type", "If-Match",
+     "if-match", "Content-Length", "content-length", "Content-Type", "Range", "User-Agent", "Date"]
+)  # fmt: skip
+
+
+@given(
+    st.lists(st.tuples(_NAMES, st.sampled_from(["", "0", "7", "v"])), max_size=8),
+    st.lists(st.tuples(st.sampled_from(["comp", "Restype", "prefix"]), st.text(max_size=3))),
+)
+def test_the_cached_layout_signs_what_the_general_way_signs(
+    pairs: list[tuple[str, str]], params: list[tuple[str, str]]
+) -> None:
+    # Any header set (names differing in case only, empty values, Content-Length
+    # "0"), every time, also once its layout is cached.
+    auth, headers = SharedKeyAuth(ACCOUNT, KEY), dict(pairs)
+    expected = auth._string_to_sign("GET", "/c/b", params, headers)
+    for _ in range(2):
+        assert auth.string_to_sign("GET", "/c/b", params, headers) == expected
 
 
 def test_an_invalid_key_is_access_denied_without_the_key() -> None:
