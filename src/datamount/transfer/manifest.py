@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import TextIO
 
 MANIFEST_NAME = ".datamount-manifest.jsonl"
+# One entry: the bytes json.dumps({"rel": rel, "size": size, "etag": etag}) gives,
+# without a dict and an encoder per file (its C string quoting, as dumps uses).
+_LINE = '{"rel": %s, "size": %d, "etag": %s}\n'
+_quote = json.encoder.encode_basestring_ascii
 
 
 class Manifest:
@@ -73,10 +77,7 @@ class Manifest:
 
     def record_many(self, entries: list[tuple[str, int, str]]) -> None:
         """Record complete files ((rel, size, etag) each) with one write."""
-        text = "".join(
-            json.dumps({"rel": rel, "size": size, "etag": etag}) + "\n"
-            for rel, size, etag in entries
-        )
+        text = "".join([_LINE % (_quote(rel), size, _quote(etag)) for rel, size, etag in entries])
         with self._lock:
             for rel, size, etag in entries:
                 self._done[rel] = (size, etag)
