@@ -16,13 +16,15 @@ only as far as the files written into them reach). A fetch thread waits for
 a free buffer when every one is fetched or waiting for the disk: a disk
 slower than the network then paces the download, within this bound.
 
-Threads: `take` and `give` from any thread (one condition variable).
+Threads: `take` and `give` from any thread (a C queue: one call each, no
+Python condition variable; transfer.tasks says why).
 """
 
 from __future__ import annotations
 
 import mmap
 import threading
+from queue import SimpleQueue
 
 
 class Slabs:
@@ -33,31 +35,26 @@ class Slabs:
             raise ValueError(f"Slabs({count}, {size}): needs at least one non-empty buffer")
         self.count = count
         self.size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
-        self._free: list[memoryview] = []
+        self._free: SimpleQueue[memoryview] = SimpleQueue()
         self._made = False
-        self._cond = threading.Condition()
+        self._make_lock = threading.Lock()
 
     def take(self) -> memoryview:
         """A free buffer of `size` bytes (waits until one is given back)."""
-        with self._cond:
-            if not self._made:
-                region = memoryview(mmap.mmap(-1, self.size * self.count))
-                self._free = [
-                    region[i * self.size : (i + 1) * self.size] for i in range(self.count)
-                ]
-                self._made = True
-            while not self._free:
-                self._cond.wait()
-            return self._free.pop()
+        if not self._made:
+            with self._make_lock:
+                if not self._made:
+                    region = memoryview(mmap.mmap(-1, self.size * self.count))
+                    for i in range(self.count):
+                        self._free.put(region[i * self.size : (i + 1) * self.size])
+                    self._made = True
+        return self._free.get()
 
     def give(self, buffer: memoryview) -> None:
         """Return a buffer from `take`."""
-        with self._cond:
-            self._free.append(buffer)
-            self._cond.notify()
+        self._free.put(buffer)
 
     @property
     def available(self) -> int:
         """Buffers free now (all of them before the first `take`)."""
-        with self._cond:
-            return len(self._free) if self._made else self.count
+        return self._free.qsize() if self._made else self.count

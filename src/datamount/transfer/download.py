@@ -26,7 +26,7 @@ final name.
   commits, renames and records them. Stores that cannot be opened in another
   process (identity credentials, replicas, http, local) stay in-process.
 
-Threads: `threads` workers (ThreadPoolExecutor) fetch; `threads / 4` (at
+Threads: `threads` workers (transfer.tasks) fetch; `threads / 4` (at
 least 2) writers write small files and finish them; the calling thread lists
 and schedules; with processes, the lane's collector thread finishes their files.
 """
@@ -38,7 +38,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +64,7 @@ from datamount.transfer.partfile import (
 from datamount.transfer.plan import Plan, span_ranges
 from datamount.transfer.progress import Progress, human
 from datamount.transfer.source import SourceFile, folder_pages, single_file
+from datamount.transfer.tasks import Gate, Tasks
 from datamount.transfer.worker import Result, Setup
 
 log = logging.getLogger("datamount.transfer.download")
@@ -113,7 +113,7 @@ class Downloader:
         self.options = options
         self.progress = progress or Progress("download")
         self._buffers = Buffers(options.range_size)
-        self._slots = threading.BoundedSemaphore(options.threads * 2)
+        self._slots = Gate(options.threads * 2)
         self._cancel = threading.Event()
         self._error: BaseException | None = None
         self._error_lock = threading.Lock()
@@ -167,8 +167,8 @@ class Downloader:
         manifest_open = False
         try:
             with (
-                ThreadPoolExecutor(self._writer_count(), thread_name_prefix="dl-write") as writers,
-                ThreadPoolExecutor(self.options.threads, thread_name_prefix="download") as pool,
+                Tasks(self._writer_count(), "dl-write") as writers,
+                Tasks(self.options.threads, "download") as pool,
             ):  # the fetch pool stops first: its last files still go to the writers
                 self._pool, self._writers = pool, writers
                 try:
@@ -239,7 +239,7 @@ class Downloader:
             with job.lock:
                 job.pending = 1
             if slots:
-                self._slots.acquire()
+                self._slots.take()
             self._pool.submit(self._fetch, job, 0, -1, slots)
             return
         size = job.src.size
@@ -247,7 +247,7 @@ class Downloader:
             with job.lock:
                 job.pending = 1
             if slots:
-                self._slots.acquire()
+                self._slots.take()
             self._pool.submit(self._fetch_whole, job, slots)
             return
         step = self.options.range_size * span_ranges(
@@ -258,7 +258,7 @@ class Downloader:
             job.pending = len(ranges)
         for offset, length in ranges:
             if slots:
-                self._slots.acquire()
+                self._slots.take()
             self._pool.submit(self._fetch, job, offset, length, slots)
 
     # -- workers ----------------------------------------------------------
@@ -287,7 +287,7 @@ class Downloader:
             self._fail(exc)
         finally:
             if slot:
-                self._slots.release()
+                self._slots.give()
             self._range_done(job)
 
     def _fetch_whole(self, job: Job, slot: bool) -> None:
@@ -311,7 +311,7 @@ class Downloader:
             self._fail(exc)
         finally:
             if slot:
-                self._slots.release()
+                self._slots.give()
             if not handed:
                 self._range_done(job)
 

@@ -63,6 +63,7 @@ class Landing:
         self._jobs: set[Job] = set()
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._idle_waiting = False  # wait_idle is waiting: join must wake it
         self._group: list[Job] = []  # complete files waiting for their group commit
         self._group_lock = threading.Lock()
         self._commit_lock = threading.Lock()
@@ -72,6 +73,7 @@ class Landing:
     def begin(self, manifest: Manifest, sync: GroupSync) -> None:
         """The manifest and the destination's GroupSync of one copy."""
         self._manifest, self._sync = manifest, sync
+        self._idle_waiting = False
 
     def add(self, job: Job) -> None:
         with self._lock:
@@ -96,7 +98,7 @@ class Landing:
             full = len(self._group) >= GROUP_COMMIT_FILES
         if full:
             self.commit()
-        else:
+        elif self._idle_waiting:  # set before wait_idle counts the group: no lost wake-up
             with self._lock:
                 self._idle.notify_all()  # the last files may all be waiting for a commit
 
@@ -153,6 +155,7 @@ class Landing:
         shutdown waits for the tasks, and `cleanup` commits the complete
         files and drops the rest."""
         with self._lock:
+            self._idle_waiting = True
             while not cancel.is_set():
                 with self._group_lock:
                     grouped = len(self._group)
