@@ -539,39 +539,3 @@ def test_module_constants_describe_the_header() -> None:
     assert fields[:2] == (MAGIC, FORMAT_VERSION)
     assert fields[5:8] == (3, 1 << 30, BLOCK)
     assert disk_module.block_name(key(3)) != disk_module.block_name(key(3, etag='"other"'))
-
-
-def test_a_run_of_blocks_wakes_one_writer_and_a_backlog_wakes_more(
-    make: Callable[..., DiskCache],
-) -> None:
-    """Each wake-up of an idle writer is GIL-held time in the fetch worker: a run of
-    WAKE_BACKLOG blocks put one by one goes to one writer; past that backlog per
-    awake writer another one is woken, and every block is still written."""
-    gate = Gate()
-    cache = make(limit=gate, write_threads=4)
-    try:
-        assert cache.wait_ready(30)
-        backlog = disk_module.WAKE_BACKLOG
-        for i in range(backlog):
-            cache.put(key(i), block(i))
-        assert gate.entered.wait(30)  # a writer is in block 0, the rest of the run queued
-        assert not cache.flush(timeout=0.3)
-        assert cache._idle_writers == 3  # the other 3 blocks wait for the busy writer
-        for i in range(backlog, 2 * backlog + 1):  # more than one run per awake writer
-            cache.put(key(i), block(i))
-        assert wait_until(lambda: cache._idle_writers == 2)
-        gate.opened.set()
-        settle(cache)
-    finally:
-        gate.opened.set()
-    assert len(files(cache.root)) == 2 * backlog + 1
-    assert all(cache.get(key(i)) == block(i) for i in range(2 * backlog + 1))
-
-
-def wait_until(done: Callable[[], bool], seconds: float = 10.0) -> bool:
-    pause = threading.Event()
-    for _ in range(int(seconds / 0.01)):
-        if done():
-            return True
-        pause.wait(0.01)
-    return done()

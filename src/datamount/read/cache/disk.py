@@ -70,9 +70,6 @@ from datamount.read.stats import MountStats
 
 log = logging.getLogger("datamount.read.cache.disk")
 
-# put() wakes another writer only when more than this many blocks per awake writer
-# are queued: a fetched run (8 MiB, 4 blocks of the default 2 MiB) goes to one writer.
-WAKE_BACKLOG = 4
 _INDEX_CHUNK = 4096  # entries inserted per lock hold while indexing: gets wait < 5 ms
 _HEX = frozenset("0123456789abcdef")
 
@@ -140,9 +137,7 @@ class DiskCache:
         self._queued: dict[str, BlockData] = {}  # queued or being written
         self._queued_bytes = 0
         self._closing = False
-        self._idle_writers = 0  # writers waiting for a block (a woken one until it runs)
-        self._waking = 0  # writers notified by put() that have not run yet
-        self._writers = write_threads
+        self._idle_writers = 0  # writers waiting for a block
         self._ready = threading.Event()  # the existing files are indexed
 
         self._threads = [threading.Thread(target=self._index_existing, name="dm-disk-index")]
@@ -205,14 +200,7 @@ class DiskCache:
                 self._queue.append((name, key))
                 self._queued[name] = data
                 self._queued_bytes += len(data)
-                # Busy (or already woken) writers find the block without a wake-up;
-                # another writer is woken only when the backlog exceeds a run's
-                # worth of blocks per awake writer: one wake-up per run of blocks
-                # (a fetched run is put block by block), not one per block, as each
-                # wake-up is GIL-held time in the fetch worker (issue 16).
-                awake = self._writers - self._idle_writers + self._waking
-                if self._idle_writers > self._waking and len(self._queue) > WAKE_BACKLOG * awake:
-                    self._waking += 1
+                if self._idle_writers:  # busy writers find the block without a wake-up
                     self._cond.notify()
         if dropped and self._stats is not None:
             self._stats.add(disk_queue_dropped=1)
@@ -289,13 +277,9 @@ class DiskCache:
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._closing or (self._queue and self._ready.is_set())):
-                    self._idle_writers += 1
-                    self._cond.wait()
-                    self._idle_writers -= 1
-                    # woken by put(), or by the indexer or close (then at worst a
-                    # later put wakes one writer more than it needs to)
-                    self._waking = max(0, self._waking - 1)
+                self._idle_writers += 1
+                self._cond.wait_for(lambda: self._closing or (self._queue and self._ready.is_set()))
+                self._idle_writers -= 1
                 if self._closing:
                     return
                 name, key = self._queue.popleft()
