@@ -59,3 +59,18 @@ def test_recent_blocks_give_way_to_prefetch_and_to_the_whole_budget() -> None:
     budget.release(DEMAND, 2 * BS)
     held.clear()
     assert budget.in_use() == 0
+
+
+def test_shut_says_exactly_when_admit_would_refuse_without_touching_anything() -> None:
+    held, budget, now, stats = rig()
+    k = keys(10)
+    assert not held.shut()
+    for key in k[:6]:  # the prefetch share, 6 blocks, all unread
+        assert held.admit(BS)
+        held.keep_unread(key, source(BS))
+    assert held.shut() and not held.admit(1)
+    assert budget.in_use(PREFETCH) == 6 * BS and stats.snapshot()["prefetch_wasted"] == 0
+    now[0] = 31.0  # the oldest unread block may now make way
+    assert not held.shut()
+    assert held.admit(BS)
+    held.clear()

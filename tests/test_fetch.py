@@ -489,3 +489,28 @@ def test_a_cold_sequential_read_holds_at_most_its_budget_plus_runs_in_flight() -
     assert stats.snapshot()["blocks_fetched"] == blocks
     assert stats.snapshot()["fetch_requests"] < blocks  # runs were shared
     assert peak <= 3 * budget, f"peak {peak / (1 << 20):.1f} MiB for a {budget >> 20} MiB budget"
+
+
+def test_an_offer_to_a_spent_prefetch_share_takes_only_what_needs_no_fetch(
+    obj: ObjectId,
+) -> None:
+    """The budget-bound reader's usual offer: refused at once, the same answer and
+    counters as the full walk (cached and held blocks from the first still count)."""
+    store = GatedStore({"f": DATA})
+    rig = Rig(store, budget=8 * BS)
+    try:
+        keys = [BlockKey(obj, i) for i in range(11)]
+        assert rig.fetcher.prefetch_many(keys[:4]) == 4
+        assert rig.fetcher.prefetch_many(keys[4:6]) == 2  # the share (6 blocks) is spent
+        wait_for(lambda: rig.stats.snapshot()["prefetched_blocks"] == 6)
+        rig.cache.put(keys[6], block(6))
+        before = rig.stats.snapshot()
+        # held 4, 5 and cached 6 are taken care of; 7 would need a fetch
+        assert rig.fetcher.prefetch_many(keys[4:10]) == 3
+        assert rig.fetcher.prefetch_many(keys[4:7]) == 3  # nothing to fetch: not full
+        after = rig.stats.snapshot()
+        assert after["prefetch_offers"] - before["prefetch_offers"] == 2
+        assert after["prefetch_window_full"] - before["prefetch_window_full"] == 1
+        assert rig.store.requests["read"] == 2
+    finally:
+        rig.close()

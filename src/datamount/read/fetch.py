@@ -227,6 +227,10 @@ class BlockFetcher:
         with self._lock:
             if self._closed:
                 return 0, []
+            shut = self._held.shut()
+        if shut:  # the usual offer of a budget-bound reader: no per-key work
+            return self._refused(keys), []
+        with self._lock:
             todo = [not self._known(k) for k in keys]
         # Cache lookups outside the lock (the disk tier's may stat a file).
         todo = [t and not self._cache_contains(k) for t, k in zip(todo, keys, strict=True)]
@@ -262,6 +266,20 @@ class BlockFetcher:
             self._submit(flights, demand=False)
         self.stats.add(prefetch_offers=1, prefetch_window_full=int(full))
         return taken, [f for flights in runs for f in flights]
+
+    def _refused(self, keys: list[BlockKey]) -> int:
+        """`_schedule`'s answer when the prefetch share admits nothing: the keys,
+        from the first, that are taken care of already (held, in flight, past the
+        end or cached), up to the first that would need a fetch."""
+        taken = 0
+        for key in keys:
+            with self._lock:
+                known = self._known(key)
+            if not known and not self._cache_contains(key):
+                break
+            taken += 1
+        self.stats.add(prefetch_offers=1, prefetch_window_full=int(taken < len(keys)))
+        return taken
 
     def _known(self, key: BlockKey) -> bool:
         """Held, in flight, or empty (past the end): nothing to fetch. Lock held."""

@@ -173,10 +173,11 @@ def read_body_from_socket(
     sock: socket.socket | None, resp: http.client.HTTPResponse, view: memoryview
 ) -> None:
     """`read_body_into`, reading the body straight from the socket once the bytes the
-    header parse left buffered are taken: over TLS one Python call per record
-    (SSL_read returns at most one 16 KiB record, 65,536 per GiB) instead of
-    three (SocketIO.readinto, SSLSocket.recv_into, SSLSocket.read) under the
-    buffered reader. The response's own count is kept, so it closes (and the
+    header parse left buffered are taken: over TLS one call of the C
+    `_SSLSocket.read` per record (SSL_read returns at most one 16 KiB record,
+    65,536 per GiB, whatever the size asked), with no Python frame around it;
+    the buffered reader adds three (SocketIO.readinto, SSLSocket.recv_into,
+    SSLSocket.read). The response's own count is kept, so it closes (and the
     connection goes back to the pool) as if it had read the bytes itself.
     A chunked or unsized body: `read_body_into`."""
     want, fp = len(view), resp.fp
@@ -186,18 +187,28 @@ def read_body_from_socket(
     got = resp.readinto(view[: min(want, len(fp.peek()))])  # peek: at most one socket read
     if not got:
         raise http.client.IncompleteRead(b"", want)
+    sslobj = getattr(sock, "_sslobj", None) if isinstance(sock, ssl.SSLSocket) else None
     read: Callable[[int, memoryview], int]
-    if isinstance(sock, ssl.SSLSocket):
+    if sslobj is not None:
+        # The C `_SSLSocket.read`, without SSLSocket.read's Python frame around it:
+        # one Python-level call per 16 KiB record instead of two (OpenSSL 3 returns
+        # at most one record per read whatever the size asked). A TLS EOF without
+        # close_notify ends the body early, as SSLSocket.read's 0 does.
+        read = sslobj.read
+    elif isinstance(sock, ssl.SSLSocket):
         read = sock.read  # type: ignore[assignment]  # given a buffer, it returns the count
     else:
         read = lambda size, into: sock.recv_into(into, size)  # noqa: E731
     direct = 0
-    while got < want:
-        n = read(want - got, view[got:])
-        if not n:
-            raise http.client.IncompleteRead(b"", want - got)
-        got += n
-        direct += n
+    try:
+        while got < want:
+            n = read(want - got, view[got:])
+            if not n:
+                raise http.client.IncompleteRead(b"", want - got)
+            got += n
+            direct += n
+    except ssl.SSLEOFError:
+        raise http.client.IncompleteRead(b"", want - got) from None
     if direct:
         resp.length -= direct
         resp.readinto(view[:0])  # at the end: the response closes as after its own read

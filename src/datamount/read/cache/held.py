@@ -107,6 +107,17 @@ class HeldBlocks:
 
     # -- prefetches --------------------------------------------------------
 
+    def shut(self) -> bool:
+        """No prefetch of any size can be admitted now (admit would fail without
+        a side effect): the prefetch share is spent and no unread block is old
+        enough to make way. A pure check, for offers that would only be refused."""
+        if self._ahead < self.prefetch_cap:
+            return False
+        if self._unread:
+            _, since = next(iter(self._unread.values()))
+            return since > self._clock() - self.hold_seconds
+        return True
+
     def admit(self, size: int) -> bool:
         """Take `size` bytes for a prefetch, if the prefetch share has them
         (recently read blocks make way) and the whole budget has them."""

@@ -199,9 +199,24 @@ class Scheduler:
         return ticket
 
     def _work(self) -> None:
+        ticket: Ticket | None = None
+        freed = False
         while True:
             with self._cond:
+                if ticket is not None:  # the job just run: done, and its slot free
+                    ticket.state = _State.DONE
+                    _release(ticket)
+                    freed = ticket.ran_as_prefetch
+                    if freed:
+                        self._running_prefetch -= 1
                 ticket = self._next()
+                # This worker takes the next job itself; another one is woken only
+                # when a queued prefetch job can use the slot this one freed and
+                # this worker went for a demand job (one wake-up, and only then:
+                # each wake-up of a waiting thread is GIL-held time, issue 16).
+                if freed and ticket is not None and not ticket.ran_as_prefetch and self._prefetch:
+                    self._cond.notify()
+                freed = False
             if ticket is None:
                 return
             fn = ticket.fn
@@ -211,12 +226,6 @@ class Scheduler:
                 log.exception("read job failed")
             finally:
                 del fn
-                with self._cond:
-                    ticket.state = _State.DONE
-                    _release(ticket)
-                    if ticket.ran_as_prefetch:
-                        self._running_prefetch -= 1
-                        self._cond.notify()  # a prefetch job may be waiting for this slot
 
 
 def _release(ticket: Ticket) -> None:
