@@ -226,20 +226,7 @@ class AzureBlobStore(ObjectStore):
     ) -> int:
         if not isinstance(buffer, memoryview):  # a slice of a bytearray is a copy
             buffer = memoryview(buffer)
-        check_range(offset, len(buffer))
-        if not len(buffer):
-            return 0
-        n: int = self._call(
-            "read",
-            key,
-            self.raw.get_into,
-            key,
-            offset,
-            buffer,
-            etag=etag,
-            timeout=self.read_timeout,
-        )
-        return n
+        return self.read_into_views(key, offset, [buffer], etag=etag)
 
     def read_into_views(
         self, key: str, offset: int, buffers: Sequence[memoryview], *, etag: str | None = None

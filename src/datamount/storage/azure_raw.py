@@ -312,12 +312,6 @@ class RawClient:
             self._drain(conn, resp)
         return conn, resp, n
 
-    def get_into(
-        self, key: str, offset: int, buffer: memoryview, *, etag: str | None, timeout: float
-    ) -> int:
-        """Fill `buffer` from `offset`; the byte count (short at the end)."""
-        return self.get_into_views(key, offset, [buffer], etag=etag, timeout=timeout)
-
     def get_into_views(
         self,
         key: str,
@@ -359,7 +353,7 @@ class RawClient:
         """GET [offset, offset+length) in one request, read through `buffer`
         a piece at a time, each handed to `sink(piece, position)` before the
         next is read (the socket timeout bounds each read, as in
-        `get_into`); the byte count (short at the end)."""
+        `get_into_views`); the byte count (short at the end)."""
         conn, resp, n = self._open_range(key, offset, length, etag, timeout)
         if n == 0:
             return 0
