@@ -66,7 +66,6 @@ class MemoryBudget:
         self._used = dict.fromkeys(self.limits, 0)
         self._in_use = 0
         self._peak = 0
-        self._waiting = 0  # threads in acquire's wait: release wakes them only
 
     def limit(self, area: str) -> int:
         return self.limits[area]
@@ -107,11 +106,7 @@ class MemoryBudget:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._waiting += 1
-                try:
-                    self._cond.wait(left)
-                finally:
-                    self._waiting -= 1
+                self._cond.wait(left)
             self._take(area, size)
             return True
 
@@ -126,8 +121,7 @@ class MemoryBudget:
                 )
             self._used[area] -= size
             self._in_use -= size
-            if self._waiting:  # most releases have nobody to wake (no upload waits)
-                self._cond.notify_all()
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def held(self, area: str, size: int) -> Iterator[None]:

@@ -139,7 +139,6 @@ class ReadOnlyFS:
         self._dirs: dict[int, DirStream] = {}
         self._versions: dict[str, str] = {}  # blob key -> etag the last open pinned
         self._inflight = 0
-        self._idle_waiters = 0  # wait_idle callers: reads and releases notify only them
         self._counts = {
             "getattrs": 0,  # kernel lookups that reached Python (readdirplus saves them)
             "opens": 0,
@@ -350,7 +349,7 @@ class ReadOnlyFS:
 
     def _wake_idle(self) -> None:
         """_lock held: wake wait_idle once nothing is open or being read."""
-        if self._idle_waiters and not self._files and not self._inflight:
+        if not self._files and not self._inflight:
             self._idle.notify_all()
 
     def _stale(self, file: OpenFile) -> None:
@@ -379,16 +378,12 @@ class ReadOnlyFS:
         """Wait until no file is open and no read is running; False on timeout."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            self._idle_waiters += 1
-            try:
-                while self._files or self._inflight:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    self._idle.wait(left)
-                return True
-            finally:
-                self._idle_waiters -= 1
+            while self._files or self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+            return True
 
     def counters(self) -> dict[str, int]:
         with self._lock:

@@ -98,7 +98,6 @@ class FileAhead:
         self._closed = False
         self._idle = True
         self._waiting = False  # the worker waits for an event: `_put` must notify
-        self._idle_waiters = 0  # wait_idle callers: the worker notifies when idle
         self._thread = threading.Thread(target=self._work, name="datamount-ahead", daemon=True)
         self._thread.start()
 
@@ -119,11 +118,7 @@ class FileAhead:
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Until every queued event is planned (tests)."""
         with self._cond:
-            self._idle_waiters += 1
-            try:
-                return self._cond.wait_for(lambda: self._idle and not self._events, timeout)
-            finally:
-                self._idle_waiters -= 1
+            return self._cond.wait_for(lambda: self._idle and not self._events, timeout)
 
     def close(self) -> None:
         with self._cond:
@@ -137,7 +132,7 @@ class FileAhead:
                 return
             self._events.append((kind, what))
             if self._waiting:  # a busy worker finds the event without a wake-up
-                self._cond.notify()
+                self._cond.notify_all()  # all: a wait_idle caller may be first in line
 
     # -- the worker --------------------------------------------------------
 
@@ -145,8 +140,7 @@ class FileAhead:
         while True:
             with self._cond:
                 self._idle = True
-                if self._idle_waiters:
-                    self._cond.notify_all()
+                self._cond.notify_all()  # wait_idle callers (none: no wake-up)
                 self._waiting = True
                 self._cond.wait_for(lambda: self._closed or bool(self._events))
                 self._waiting = False

@@ -137,7 +137,6 @@ class DiskCache:
         self._queued: dict[str, BlockData] = {}  # queued or being written
         self._queued_bytes = 0
         self._closing = False
-        self._idle_writers = 0  # writers waiting for a block
         self._ready = threading.Event()  # the existing files are indexed
 
         self._threads = [threading.Thread(target=self._index_existing, name="dm-disk-index")]
@@ -200,8 +199,7 @@ class DiskCache:
                 self._queue.append((name, key))
                 self._queued[name] = data
                 self._queued_bytes += len(data)
-                if self._idle_writers:  # busy writers find the block without a wake-up
-                    self._cond.notify()
+                self._cond.notify()  # busy writers find it anyway (no waiter: no wake-up)
         if dropped and self._stats is not None:
             self._stats.add(disk_queue_dropped=1)
 
@@ -277,9 +275,7 @@ class DiskCache:
     def _write_loop(self) -> None:
         while True:
             with self._cond:
-                self._idle_writers += 1
                 self._cond.wait_for(lambda: self._closing or (self._queue and self._ready.is_set()))
-                self._idle_writers -= 1
                 if self._closing:
                     return
                 name, key = self._queue.popleft()
