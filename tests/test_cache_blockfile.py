@@ -30,10 +30,16 @@ def test_a_written_block_reads_back_and_leaves_no_temp_file(tmp_path: Path, size
     files = make(tmp_path)
     data = random.Random(size).randbytes(size)
     name = block_name(key())
-    files.write(name, encode_header(key(), data), data)
+    header = encode_header(key(), data)
+    written = files.write(name, header, data)
     files.close()
     assert files.tmpfile  # ext4 or the like takes O_TMPFILE
-    assert blockfile.read(files.path(name), key()) == (data, len(encode_header(key(), data)) + size)
+    paged = size >= blockfile.DIRECT_MIN  # written with O_DIRECT: whole pages
+    assert written == files.file_size(len(header), size) == os.path.getsize(files.path(name))
+    assert written == (
+        -(-len(header) // 4096) * 4096 + -(-size // 4096) * 4096 if paged else len(header) + size
+    )
+    assert blockfile.read(files.path(name), key()) == (data, written)
     assert blockfile.read(files.path(name), key(1)) is None  # another block's key
     assert list((tmp_path / TMP_DIR).iterdir()) == []
 
@@ -70,3 +76,25 @@ def test_a_stale_file_under_the_final_name_is_replaced(tmp_path: Path) -> None:
     files.close()
     found = blockfile.read(str(final), key())
     assert found is not None and found[0] == data
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_either_layout_reads_back_and_any_other_size_or_a_flipped_data_byte_is_refused(
+    tmp_path: Path, paged: bool
+) -> None:
+    """The file size says which layout a block file has (compact: written by
+    buffered writes and by earlier versions; paged: O_DIRECT)."""
+    data = random.Random(7).randbytes(300_001)
+    header = encode_header(key(), data)
+    offset, size = blockfile.layout(len(header), len(data), paged)
+    raw = bytearray(size)
+    raw[: len(header)] = header
+    raw[offset : offset + len(data)] = data
+    path = tmp_path / "b.blk"
+    path.write_bytes(raw)
+    assert blockfile.read(str(path), key()) == (data, size)
+    path.write_bytes(raw + b"\0")  # neither layout's size
+    assert blockfile.read(str(path), key()) is None
+    raw[offset + 12345] ^= 1
+    path.write_bytes(raw)
+    assert blockfile.read(str(path), key()) is None

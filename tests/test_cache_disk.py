@@ -208,8 +208,9 @@ def test_a_folder_removed_behind_its_back_is_made_again(
 
 @pytest.mark.parametrize("size", [64 * 1024, 2 * MB, 2 * MB - 1, 300_001])
 def test_big_blocks_round_trip_through_o_direct(make: Callable[..., DiskCache], size: int) -> None:
-    """Blocks >= DIRECT_MIN are written with O_DIRECT but for the last partial
-    page: the file is exactly header + data, and reads back whole."""
+    """Blocks >= DIRECT_MIN are written paged with one O_DIRECT write: the
+    header and the data each padded with zeros to whole pages; they read back
+    whole (after a restart too)."""
     cache = make(write_threads=2)
     blocks = {i: block(i, size) for i in range(4)}
     for i, data in blocks.items():
@@ -217,7 +218,12 @@ def test_big_blocks_round_trip_through_o_direct(make: Callable[..., DiskCache], 
     settle(cache)
     for i, data in blocks.items():
         path = cache.path_of(key(i))
-        assert path.stat().st_size == len(encode_header(key(i), data)) + size
+        header = encode_header(key(i), data)
+        raw = path.read_bytes()
+        pages = -(-len(header) // 4096) * 4096
+        assert len(raw) == pages + -(-size // 4096) * 4096
+        assert raw[: len(header)] == header and raw[pages : pages + size] == data
+        assert not raw[len(header) : pages].strip(b"\0") and not raw[pages + size :].strip(b"\0")
         assert cache.get(key(i)) == data
     assert cache._direct  # the test's folder (ext4 or the like) takes O_DIRECT
     again = make(cache.root)  # a restart reads them from the disk, not a queue

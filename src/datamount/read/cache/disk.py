@@ -298,12 +298,12 @@ class DiskCache:
 
     def _write(self, name: str, key: BlockKey, data: BlockData) -> None:
         header = encode_header(key, data)  # the checksum runs here, off the reader's path
-        total = len(header) + len(data)
+        total = self._files.file_size(len(header), len(data))
         if self._closing or not self._reserve(name, total):
             return
         final = self._files.path(name)
         try:
-            self._files.write(name, header, data)
+            size = self._files.write(name, header, data)
         except OSError as exc:
             with self._lock:
                 self._used -= total
@@ -312,7 +312,8 @@ class DiskCache:
             return
         with self._lock:
             self._in_flight -= total
-            self._index[name] = total
+            self._used += size - total  # where O_DIRECT was refused just now: compact
+            self._index[name] = size
 
     def _reserve(self, name: str, size: int) -> bool:
         """Make room for `size` bytes (pruning LRU files) and count them as used."""
