@@ -33,7 +33,9 @@ class Site:
     ranges: bool = True
     etags: bool = True
     fail_next: int = 0  # answer this many requests with 503 first
+    overlong: bool = False  # a 206 one byte longer than the range asked
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    clients: set[tuple[str, int]] = field(default_factory=set)  # one per connection
 
     def publish(self, path: str, data: bytes) -> None:
         self.files[path] = data
@@ -73,6 +75,7 @@ def make_handler(site: Site) -> type[http.server.BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             site.requests.append((self.command, self.path, self.headers.get("Range")))
+            site.clients.add(self.client_address)
             if site.fail_next > 0:
                 site.fail_next -= 1
                 self._send(503, {"Retry-After": "1"})
@@ -95,7 +98,7 @@ def make_handler(site: Site) -> type[http.server.BaseHTTPRequestHandler]:
                 return
             last = min(last, len(data) - 1)
             headers["Content-Range"] = f"bytes {first}-{last}/{len(data)}"
-            self._send(206, headers, data[first : last + 1])
+            self._send(206, headers, data[first : last + 1 + site.overlong])
 
     return Handler
 
@@ -143,6 +146,38 @@ def test_stat_and_ranged_reads_equal_slices(site: tuple[Site, str], ranges: bool
     assert len(s.requests) == len(RANGES)  # one request per read
     assert all(r[2] and not r[2].endswith("-") for r in s.requests)  # bounded ranges
     assert store.supports_ranges is ranges
+    store.close()
+
+
+@pytest.mark.parametrize("ranges", [True, False], ids=["range", "no-range"])
+def test_read_into_fills_the_buffer_with_the_slice_on_one_kept_connection(
+    site: tuple[Site, str], ranges: bool
+) -> None:
+    s, root = site
+    s.ranges = ranges
+    store = store_for(root)
+    info = store.stat("files/data.bin")
+    s.requests.clear()
+    s.clients.clear()
+    for offset, length in RANGES:
+        buffer = memoryview(bytearray(b"\xee" * (length + 3)))[:length]
+        n = store.read_into("files/data.bin", offset, buffer, etag=info.etag)
+        assert bytes(buffer[:n]) == DATA[offset : offset + length]
+        assert n == len(DATA[offset : offset + length])
+    assert len(s.requests) == len(RANGES)
+    if ranges:  # each body (the 416's too) read to its end: one connection kept throughout
+        assert len(s.clients) == 1
+    store.close()
+
+
+def test_an_answer_longer_than_the_range_is_a_transient_error(site: tuple[Site, str]) -> None:
+    s, root = site
+    store = store_for(root, retries=1)
+    s.overlong = True
+    with pytest.raises(StorageError, match="longer answer than the range asked") as exc:
+        store.read_into("files/data.bin", 10, memoryview(bytearray(100)))
+    assert exc.value.errno == errno.EIO
+    assert len(s.requests) == 2  # transient: retried once
     store.close()
 
 

@@ -143,6 +143,8 @@ def test_an_https_source_trusts_the_bundle(azurite_https: Azurite, https_site: s
     assert azurite_https.tls is not None
     store = HttpStore(https_site, retry=RetryPolicy(retries=0), ca_bundle=azurite_https.tls.ca)
     assert store.read("f.txt", 2, 3) == b"234"
+    buffer = memoryview(bytearray(4))
+    assert store.read_into("f.txt", 1, buffer) == 4 and bytes(buffer) == b"1234"
     store.close()
     store = HttpStore(https_site, retry=RetryPolicy(retries=0))
     with pytest.raises(StorageError, match="certificate verification failed for 127.0.0.1"):

