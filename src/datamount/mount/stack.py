@@ -45,6 +45,7 @@ from datamount.read.cache.memory import MemoryCache
 from datamount.read.cache.tiered import TieredCache
 from datamount.read.dense import DenseFill
 from datamount.read.fetch import BlockFetcher
+from datamount.read.lane import MountLane
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.reader import BlockReader, Reader, ReadHandle
 from datamount.read.stats import MountStats
@@ -122,8 +123,11 @@ def build_reader(
         )
     cache = TieredCache(ram, disk, stats)
     scheduler = Scheduler(settings.read_threads)
-    fetcher = BlockFetcher(store, cache, settings.read_block_size, scheduler, stats, budget=budget)
     block_mode = settings.block_based_cache_enabled
+    lane = start_lane(settings, store, disk) if block_mode else None
+    fetcher = BlockFetcher(
+        store, cache, settings.read_block_size, scheduler, stats, budget=budget, lane=lane
+    )
     dense = DenseFill(fetcher, stats, lambda: cache_capacity(settings)) if block_mode else None
     reader: Reader = BlockReader(
         fetcher, settings.read_block_size, settings.read_buffer_block_count, dense=dense
@@ -157,9 +161,35 @@ def build_reader(
         budget.describe(),
     )
     closers = [scheduler.close, cache.close]
+    if lane is not None:
+        closers.insert(1, lane.close)  # after the scheduler: no fetch calls it any more
     if dense is not None:
         closers.insert(0, dense.close)
     return MountReader(reader, closers, budget, fetcher if block_mode else None)
+
+
+def start_lane(settings: Settings, store: ObjectStore, disk: BlockCache) -> MountLane | None:
+    """DATAMOUNT_MOUNT_PROCESSES > 1: the worker processes that fetch whole
+    small files (read/lane.py), or None (with the reason in the log)."""
+    processes = settings.mount_processes
+    if processes <= 1:
+        return None
+    recipe = getattr(store, "recipe", lambda: None)()
+    if recipe is None:
+        log.info("small files read in the daemon: %r cannot be opened in a worker process", store)
+        return None
+    threads = max(2, settings.read_threads // processes)
+    try:
+        on_disk = disk if isinstance(disk, DiskCache) else None
+        lane = MountLane(recipe, processes, threads, settings.read_block_size, on_disk)
+    except OSError as exc:  # fork / pipe / shared memory limits: the daemon reads them
+        log.warning("small files read in the daemon: cannot start worker processes: %s", exc)
+        return None
+    log.info(
+        "small files (up to %d B) fetched by %d worker processes of %d threads: pids %s",
+        settings.read_block_size, processes, threads, " ".join(map(str, lane.pids)),
+    )  # fmt: skip
+    return lane
 
 
 def cache_capacity(settings: Settings) -> int:

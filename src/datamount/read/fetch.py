@@ -40,6 +40,7 @@ its lock) or budget (it calls nothing).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import threading
@@ -56,6 +57,7 @@ from datamount.errors import StorageError
 from datamount.read.blocks import BlockData, BlockKey, block_span
 from datamount.read.cache.base import BlockCache
 from datamount.read.cache.held import HOLD_SECONDS, HeldBlocks
+from datamount.read.lane import LaneUnavailable, MountLane
 from datamount.read.prefetch.scheduler import Scheduler, SchedulerClosed, Ticket
 from datamount.read.stats import MountStats
 from datamount.storage.base import ObjectStore
@@ -115,10 +117,12 @@ class BlockFetcher:
         run_bytes: int = RUN_BYTES,
         hold_seconds: float = HOLD_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        lane: MountLane | None = None,
     ) -> None:
         """Either `budget`, the mount's shared MemoryBudget (its PREFETCH
         limit is this fetcher's bound), or `memory_budget` bytes in a budget
-        of its own."""
+        of its own. `lane`: worker processes that fetch whole small files
+        (read/lane.py; the rest is fetched here)."""
         if (budget is None) == (memory_budget is None):
             raise ValueError("give exactly one of memory_budget and budget")
         if budget is None:
@@ -129,6 +133,7 @@ class BlockFetcher:
         if block_size < 1 or memory_budget < 0:
             raise ValueError("block_size must be >= 1 and memory_budget >= 0")
         self.store = store
+        self.lane = lane
         self.cache = cache
         self.block_size = block_size
         self.scheduler = scheduler
@@ -350,11 +355,7 @@ class BlockFetcher:
         try:
             buffers = [block_buffer(flight.size) for flight in flights]
             started = time.monotonic()
-            got = (
-                self.store.read_into_views(first.obj.key, offset, buffers, etag=first.obj.etag)
-                if length
-                else 0
-            )
+            got = self._read(first, offset, buffers) if length else 0
             took = time.monotonic() - started
             if got != length:
                 raise StorageError(
@@ -378,6 +379,17 @@ class BlockFetcher:
         )
         for flight, data in zip(flights, datas, strict=True):
             self._complete(flight, data)
+
+    def _read(self, first: BlockKey, offset: int, buffers: list[memoryview]) -> int:
+        """The request of a run: a whole small file in the lane's worker
+        processes where there are any, anything else (or if the lane cannot
+        take it) in this process."""
+        lane = self.lane
+        whole = len(buffers) == 1 and first.obj.size == len(buffers[0])
+        if lane is not None and whole and lane.takes(first.obj.size):
+            with contextlib.suppress(LaneUnavailable):
+                return lane.read_into(first.obj, buffers[0])
+        return self.store.read_into_views(first.obj.key, offset, buffers, etag=first.obj.etag)
 
     def _complete(self, flight: _Flight, data: BlockData) -> None:
         key = flight.key

@@ -54,6 +54,21 @@ def start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+def fork_context() -> Any:
+    """The multiprocessing context worker processes start from (this lane's
+    and the mount's, read/lane.py); pair each start with `use_fork_server`."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context(start_method())
+    if start_method() == "forkserver":
+        # Each worker forked from the server runs the parent's main script
+        # again (multiprocessing prepares it so); with datamount's modules
+        # imported once in the server that costs nothing per worker
+        # (measured: ~0.4 s of CPU each without).
+        ctx.set_forkserver_preload(sorted(m for m in sys.modules if m.startswith("datamount")))
+    return ctx
+
+
 def rebuild(error: tuple[str, str, bool, int | None, int | None]) -> BaseException:
     """A worker's `portable` exception as the class it was (where known)."""
     name, message, transient, status, err = error
@@ -98,21 +113,13 @@ class ProcessLane:
         self._killing = False
         self._closed = False
         self.error: BaseException | None = None  # a worker's death
-        import multiprocessing
-
-        ctx = multiprocessing.get_context(start_method())
-        if start_method() == "forkserver":
-            # Each worker forked from the server runs the parent's main script
-            # again (multiprocessing prepares it so); with datamount's modules
-            # imported once in the server that costs nothing per worker
-            # (measured: ~0.4 s of CPU each without).
-            ctx.set_forkserver_preload(sorted(m for m in sys.modules if m.startswith("datamount")))
+        ctx = fork_context()
         self.procs: list[_Proc] = []
-        _use_server()
+        use_fork_server()
         try:
             for n in range(processes):
                 mine, theirs = ctx.Pipe(duplex=True)
-                process = ctx.Process(  # type: ignore[attr-defined]
+                process = ctx.Process(
                     target=worker.main, args=(theirs,), name=f"datamount-download-{n}", daemon=True
                 )
                 process.start()
@@ -195,7 +202,7 @@ class ProcessLane:
             collector.join()
         for proc in self.procs:
             proc.conn.close()
-        _release_server()
+        release_fork_server()
 
     # -- the collector thread -----------------------------------------------
 
@@ -323,13 +330,14 @@ _servers = 0  # lanes using the fork server
 _servers_lock = threading.Lock()
 
 
-def _use_server() -> None:
+def use_fork_server() -> None:
+    """A lane starts using the fork server (see `release_fork_server`)."""
     global _servers
     with _servers_lock:
         _servers += 1
 
 
-def _release_server() -> None:
+def release_fork_server() -> None:
     """The last lane of the process stops the fork server (it would linger
     until this process exits); the next lane starts a new one."""
     global _servers

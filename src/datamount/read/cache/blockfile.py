@@ -89,6 +89,11 @@ def encode_header(key: BlockKey, data: BlockData) -> bytes:
     return HEADER.pack(MAGIC, FORMAT_VERSION, *lengths, *fields) + store + name + etag
 
 
+def header_size(obj: ObjectId) -> int:
+    """The length of `encode_header` for a block of `obj`."""
+    return HEADER.size + sum(map(len, _identity(obj)))
+
+
 def checksum(data: BlockData) -> int:
     """The XXH3-64 of a block's data, as its header keeps it."""
     return xxhash.xxh3_64_intdigest(data)

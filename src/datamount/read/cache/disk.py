@@ -65,6 +65,7 @@ from datamount.read.cache.blockfile import (
     BlockFiles,
     block_name,
     encode_header,
+    header_size,
 )
 from datamount.read.stats import MountStats
 
@@ -202,6 +203,27 @@ class DiskCache:
                 self._cond.notify()  # busy writers find it anyway (no waiter: no wake-up)
         if dropped and self._stats is not None:
             self._stats.add(disk_queue_dropped=1)
+
+    def write_elsewhere(self, key: BlockKey, length: int) -> tuple[str, int] | None:
+        """Room for a block of `length` bytes that another process writes into
+        `root` (read/lane.py's workers, with blockfile.BlockFiles): its file
+        name and the bytes reserved for it, or None (not now: the block comes
+        through `put` as usual). Answer with `written_elsewhere`."""
+        name = block_name(key)
+        total = self._files.file_size(header_size(key.obj), length)
+        if self._closing or not self._reserve(name, total):
+            return None
+        return name, total
+
+    def written_elsewhere(self, name: str, reserved: int, size: int) -> None:
+        """The file of a `write_elsewhere` block is written (`size`: its file's
+        size, as BlockFiles.write returned it) or not (0): indexed, or its
+        reservation given back."""
+        with self._lock:
+            self._in_flight -= reserved
+            self._used += size - reserved
+            if size:
+                self._index[name] = size
 
     def contains(self, key: BlockKey) -> bool:
         name = block_name(key)

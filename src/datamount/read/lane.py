@@ -1,0 +1,279 @@
+"""The mount's small-file lane in worker processes (DATAMOUNT_MOUNT_PROCESSES):
+N processes (read/laneworker.py), each with its own store, connection pool
+and GIL, fetch whole small files; the daemon keeps everything else (the FUSE
+callbacks, the caches, prefetch, single flight, the budget).
+
+Why: of a cold small file read through the mount, its GET (request, signing,
+TLS records) held the daemon's GIL about half of the ~0.4-0.5 ms it held it
+in all (py-spy --gil, 2,000 x 256 KiB, 8 reader threads), and one GIL is what
+bounds one daemon on a node with many cores (README, The daemon and the GIL).
+
+- `read_into(obj, buffer)` is a blocking call of a fetch thread (the
+  BlockFetcher's, for a block that is a whole file of at most `slab_size`
+  bytes): it takes a free slab of one shared memory map, sends the task to
+  the slab's worker, waits, and copies the slab into `buffer` (numpy,
+  without the GIL). Each worker has `threads` slabs, so never more tasks
+  than fetch threads.
+- With the disk tier on, the worker also writes the file's block file
+  (blockfile.BlockFiles: whole under its final name or not at all) into
+  room the DiskCache reserved for it (`write_elsewhere`), and the block is
+  indexed before the call returns: the fetcher's cache put then finds it on
+  disk and queues no write (the write was the other half of the GIL the
+  daemon held per file).
+- The shared memory is a file in /dev/shm (the temp folder where there is
+  none), unlinked once every worker has mapped it: nothing is left behind,
+  whatever ends the daemon.
+- Workers start with the 'forkserver' context where the platform has it, else
+  'spawn' (transfer/lane.py's `fork_context`); the store's recipe, secret
+  included, reaches a worker as its first message over its pipe: never argv
+  or environment.
+- A worker that dies fails its calls in flight with LaneUnavailable (the
+  fetcher then reads in-process) and takes no more; the others go on.
+- Errors keep their class (VersionChanged is ESTALE, AccessDenied EACCES...).
+
+Threads: one collector thread (`mount-lane-collect`) receives every worker's
+results and wakes the callers; `read_into` runs on the callers' threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from datamount.read import laneworker
+from datamount.read.blocks import BlockKey, ObjectId
+from datamount.read.cache.disk import DiskCache
+from datamount.read.copy import copy_into
+from datamount.read.laneworker import LaneSetup
+from datamount.transfer.lane import fork_context, rebuild, release_fork_server, use_fork_server
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+log = logging.getLogger("datamount.read.lane")
+
+READY_TIMEOUT = 60.0  # seconds a new worker gets to map the slabs and open its store
+STOP_TIMEOUT = 10.0  # seconds a worker gets to finish and exit after `close`
+
+
+class LaneUnavailable(Exception):
+    """The lane cannot take (or finish) this call: read in-process instead."""
+
+
+@dataclass(eq=False)
+class _Call:
+    event: threading.Event = field(default_factory=threading.Event)
+    got: int = 0
+    error: tuple[str, str, bool, int | None, int | None] | None = None
+    file_size: int = 0  # of the block file its worker wrote (0: none)
+    lost: bool = False  # its worker died before answering
+
+
+class _Proc:
+    def __init__(self, process: Any, conn: Connection, slabs: list[int]) -> None:
+        self.process = process
+        self.conn = conn
+        self.free = slabs  # its slabs not in use
+        self.calls: dict[int, _Call] = {}
+        self.send_lock = threading.Lock()  # Connection.send is not thread-safe
+        self.open = True
+
+
+class MountLane:
+    def __init__(
+        self,
+        recipe: Any,
+        processes: int,
+        threads: int,
+        slab_size: int,
+        disk: DiskCache | None = None,
+    ) -> None:
+        if processes < 1 or threads < 1 or slab_size < 1:
+            raise ValueError("need processes, threads and slab_size >= 1")
+        self.slab_size = slab_size
+        self.disk = disk
+        self._cond = threading.Condition(threading.Lock())
+        self._seq = 0
+        self._closed = False
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        fd, path = tempfile.mkstemp(prefix="datamount-lane-", dir=folder)
+        try:
+            os.ftruncate(fd, processes * threads * slab_size)
+            self._map = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._map)
+        self.procs: list[_Proc] = []
+        ctx = fork_context()
+        use_fork_server()
+        try:
+            root = os.fspath(disk.root) if disk is not None else None
+            setup = LaneSetup(recipe, threads, path, slab_size, root)
+            for n in range(processes):
+                mine, theirs = ctx.Pipe(duplex=True)
+                process = ctx.Process(
+                    target=laneworker.main, args=(theirs,), name=f"datamount-lane-{n}", daemon=True
+                )
+                process.start()
+                theirs.close()
+                mine.send(setup)
+                slabs = list(range(n * threads, (n + 1) * threads))
+                self.procs.append(_Proc(process, mine, slabs))
+            for proc in self.procs:
+                if not proc.conn.poll(READY_TIMEOUT) or proc.conn.recv() != "ready":
+                    raise OSError(f"mount worker process {proc.process.pid} did not start")
+        except BaseException:
+            self._stop(kill=True)
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # every worker mapped it (or none will)
+        self._collector = threading.Thread(
+            target=self._collect, name="mount-lane-collect", daemon=True
+        )
+        self._collector.start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.process.pid for p in self.procs]
+
+    def takes(self, length: int) -> bool:
+        """A whole file of `length` bytes fits a slab (and a worker runs)."""
+        return 0 < length <= self.slab_size and not self._closed
+
+    def read_into(self, obj: ObjectId, buffer: memoryview) -> int:
+        """`store.read_into` of the whole file `obj` (pinned to its etag), in a
+        worker process (which also writes its block file, see above);
+        LaneUnavailable when no worker can take it (or its worker died)."""
+        disk = self.disk
+        room = disk.write_elsewhere(BlockKey(obj, 0), len(buffer)) if disk is not None else None
+        call = _Call()
+        try:
+            return self._call(obj, buffer, room, call)
+        finally:
+            if disk is not None and room is not None:
+                disk.written_elsewhere(*room, call.file_size)
+
+    def _call(
+        self, obj: ObjectId, buffer: memoryview, room: tuple[str, int] | None, call: _Call
+    ) -> int:
+        with self._cond:
+            while True:
+                live = [p for p in self.procs if p.open]
+                if self._closed or not live:
+                    raise LaneUnavailable
+                proc = max(live, key=lambda p: len(p.free))
+                if proc.free:
+                    break
+                self._cond.wait()
+            slab = proc.free.pop()
+            seq = self._seq = self._seq + 1
+            proc.calls[seq] = call
+        block = (room[0], obj.store, obj.size) if room is not None else None
+        try:
+            try:
+                with proc.send_lock:
+                    proc.conn.send((seq, obj.key, 0, len(buffer), obj.etag, slab, block))
+            except (OSError, ValueError):
+                call.lost = True  # its pipe is gone: the collector reports the death
+            else:
+                call.event.wait()
+            if call.lost:
+                raise LaneUnavailable
+            if call.error is not None:
+                raise rebuild(call.error)
+            start = slab * self.slab_size
+            copy_into(buffer[: call.got], self._view[start : start + call.got])
+            return call.got
+        finally:
+            with self._cond:
+                proc.calls.pop(seq, None)
+                if proc.open:
+                    proc.free.append(slab)
+                self._cond.notify()
+
+    def close(self) -> None:
+        """Every worker finishes what it has and exits (killed after
+        STOP_TIMEOUT); the callers still waiting get LaneUnavailable."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._stop(kill=False)
+        self._collector.join(STOP_TIMEOUT)
+        for proc in self.procs:
+            proc.conn.close()
+        with contextlib.suppress(BufferError):  # a caller still copying keeps it mapped
+            self._view.release()
+            self._map.close()
+
+    def _stop(self, *, kill: bool) -> None:
+        for proc in self.procs:
+            if kill:
+                _kill(proc.process)
+            else:
+                with contextlib.suppress(OSError, ValueError), proc.send_lock:
+                    proc.conn.send(None)
+        for proc in self.procs:
+            proc.process.join(None if kill else STOP_TIMEOUT)
+            if proc.process.is_alive():
+                _kill(proc.process)
+                proc.process.join()
+        release_fork_server()
+
+    # -- the collector thread -----------------------------------------------
+
+    def _collect(self) -> None:
+        from multiprocessing.connection import wait as connection_wait
+
+        while True:
+            live = [p for p in self.procs if p.open]
+            if not live:
+                return
+            ready = connection_wait([p.conn for p in live])
+            for proc in live:
+                if proc.conn in ready:
+                    self._receive(proc)
+
+    def _receive(self, proc: _Proc) -> None:
+        try:
+            batch: list[laneworker.Outcome] = proc.conn.recv()
+        except (EOFError, OSError):
+            self._ended(proc)
+            return
+        with self._cond:
+            calls = [(proc.calls.get(outcome[0]), outcome) for outcome in batch]
+        for call, (_, got, error, file_size) in calls:
+            if call is not None:
+                call.got, call.error, call.file_size = got, error, file_size
+                call.event.set()
+
+    def _ended(self, proc: _Proc) -> None:
+        with self._cond:
+            proc.open = False
+            lost = list(proc.calls.values())
+            self._cond.notify_all()
+        for call in lost:
+            call.lost = True
+            call.event.set()
+        if not self._closed:
+            proc.process.join(5.0)
+            log.warning(
+                "mount worker process %s ended (exit code %s) with %d file(s) in flight: "
+                "those are read in the daemon, the next by the other workers (if any)",
+                proc.process.pid, proc.process.exitcode, len(lost),
+            )  # fmt: skip
+
+
+def _kill(process: Any) -> None:
+    if process.is_alive() and process.pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)

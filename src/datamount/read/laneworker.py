@@ -1,0 +1,128 @@
+"""A worker process of the mount's small-file lane (read/lane.py): it fetches
+whole small files, each into the slab of shared memory the parent named,
+through a store of its own (its own connection pool, its own GIL), and
+reports how many bytes it read. It holds no cache and no file.
+
+Protocol over its one Connection (pickled; secrets cross only here):
+  parent -> worker  first a `LaneSetup`; then one task tuple per file
+                    (seq, key, offset, length, etag, slab, block), `block`
+                    (block file name, store identity, object size) when the
+                    file's block file is to be written into `disk_root`;
+                    None: finish the tasks received, report them, exit.
+  worker -> parent  "ready" once the shared memory is mapped; then lists of
+                    (seq, bytes read, portable error or None, block file size
+                    or 0 when none was written).
+A closed pipe (the parent died) ends the worker at once.
+
+Threads: `threads` fetch threads (the parent never has more of its slabs
+out), one reporter thread (sends what finished, in batches), the main
+thread receives tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import queue
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from datamount.read.blocks import BlockKey, ObjectId
+from datamount.read.cache.blockfile import BlockFiles, encode_header
+from datamount.transfer.worker import portable
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+Outcome = tuple[int, int, "tuple[str, str, bool, int | None, int | None] | None", int]
+
+
+@dataclass(frozen=True)
+class LaneSetup:
+    recipe: Any  # a store recipe: `.open(pool_size)` gives a ReadableStore
+    threads: int
+    shm_path: str  # the parent's shared slabs (unlinked once every worker mapped it)
+    slab_size: int
+    disk_root: str | None  # the disk tier's folder (read/cache/disk.py), None: off
+
+
+def _fetch(
+    store: Any, files: BlockFiles | None, view: memoryview, slab_size: int, task: tuple[Any, ...]
+) -> Outcome:
+    seq, key, offset, length, etag, slab, block = task
+    try:
+        start = slab * slab_size
+        data = view[start : start + length]
+        got = store.read_into(key, offset, data, etag=etag)
+    except BaseException as exc:  # reported: the parent raises it for the reader
+        return (seq, 0, portable(exc), 0)
+    size = 0
+    if files is not None and block is not None and got == length:
+        name, store_id, obj_size = block
+        blockkey = BlockKey(ObjectId(store_id, key, etag, obj_size), 0)
+        try:
+            size = files.write(name, encode_header(blockkey, data), data)
+        except OSError:
+            size = 0  # not cached on disk: the parent's put queues it as usual
+    return (seq, got, None, size)
+
+
+def _report(conn: Connection, results: queue.SimpleQueue[Outcome | None]) -> None:
+    while True:
+        first = results.get()
+        if first is None:
+            return
+        batch = [first]
+        with contextlib.suppress(queue.Empty):
+            while len(batch) < 64:
+                item = results.get_nowait()
+                if item is None:
+                    results.put(None)
+                    break
+                batch.append(item)
+        try:
+            conn.send(batch)
+        except (OSError, ValueError):
+            os._exit(1)
+
+
+def main(conn: Connection) -> None:
+    """The worker's entry point (started by read/lane.py, 'forkserver' or
+    'spawn'): the first message is its LaneSetup. Ctrl-C reaches the whole
+    process group: the parent decides (it stops the workers), not the worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        setup: LaneSetup = conn.recv()
+        fd = os.open(setup.shm_path, os.O_RDWR)
+    except (EOFError, OSError):
+        return
+    try:
+        view = memoryview(mmap.mmap(fd, 0))
+    finally:
+        os.close(fd)
+    store = setup.recipe.open(setup.threads)
+    files = BlockFiles(Path(setup.disk_root)) if setup.disk_root is not None else None
+    results: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+    conn.send("ready")
+    reporter = threading.Thread(target=_report, args=(conn, results), name="report", daemon=True)
+    reporter.start()
+    with ThreadPoolExecutor(setup.threads, thread_name_prefix="fetch") as pool:
+        while True:
+            try:
+                task = conn.recv()
+            except (EOFError, OSError):
+                os._exit(1)  # the parent is gone: nothing to report to
+            if task is None:
+                break
+            future = pool.submit(_fetch, store, files, view, setup.slab_size, task)
+            future.add_done_callback(lambda f: results.put(f.result()))
+    results.put(None)
+    reporter.join()
+    store.close()
+    if files is not None:
+        files.close()
