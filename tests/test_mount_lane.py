@@ -269,3 +269,14 @@ def test_a_ro_mount_over_https_with_worker_processes_reads_the_bytes_and_leaves_
         time.sleep(0.05)
     assert not any(alive(pid) for pid in pids)
     assert not glob.glob("/dev/shm/datamount-lane-*")
+
+
+def test_a_store_no_worker_can_open_keeps_the_files_in_the_daemon(caplog) -> None:  # noqa: ANN001
+    from datamount.mount.stack import start_lane
+    from datamount.storage.memory import MemoryStore
+
+    caplog.set_level("INFO", logger="datamount.readstack")
+    settings = Settings.from_env({"DATAMOUNT_MOUNT_PROCESSES": "2"})
+    assert start_lane(settings, MemoryStore(), NoCache()) is None
+    assert "cannot be opened in a worker process" in caplog.text
+    assert start_lane(Settings.from_env({}), MemoryStore(), NoCache()) is None  # the default
