@@ -41,7 +41,6 @@ import contextlib
 import logging
 import mmap
 import os
-import signal
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -52,7 +51,14 @@ from datamount.read.blocks import BlockKey, ObjectId
 from datamount.read.cache.disk import DiskCache
 from datamount.read.copy import copy_into
 from datamount.read.laneworker import LaneSetup
-from datamount.transfer.lane import fork_context, rebuild, release_fork_server, use_fork_server
+from datamount.transfer.lane import (
+    collect,
+    fork_context,
+    kill_worker,
+    rebuild,
+    release_fork_server,
+    use_fork_server,
+)
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -218,30 +224,21 @@ class MountLane:
     def _stop(self, *, kill: bool) -> None:
         for proc in self.procs:
             if kill:
-                _kill(proc.process)
+                kill_worker(proc.process)
             else:
                 with contextlib.suppress(OSError, ValueError), proc.send_lock:
                     proc.conn.send(None)
         for proc in self.procs:
             proc.process.join(None if kill else STOP_TIMEOUT)
             if proc.process.is_alive():
-                _kill(proc.process)
+                kill_worker(proc.process)
                 proc.process.join()
         release_fork_server()
 
     # -- the collector thread -----------------------------------------------
 
     def _collect(self) -> None:
-        from multiprocessing.connection import wait as connection_wait
-
-        while True:
-            live = [p for p in self.procs if p.open]
-            if not live:
-                return
-            ready = connection_wait([p.conn for p in live])
-            for proc in live:
-                if proc.conn in ready:
-                    self._receive(proc)
+        collect(self.procs, self._receive)
 
     def _receive(self, proc: _Proc) -> None:
         try:
@@ -271,9 +268,3 @@ class MountLane:
                 "those are read in the daemon, the next by the other workers (if any)",
                 proc.process.pid, proc.process.exitcode, len(lost),
             )  # fmt: skip
-
-
-def _kill(process: Any) -> None:
-    if process.is_alive() and process.pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGKILL)

@@ -29,7 +29,7 @@ import resource
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from datamount import errors
@@ -187,7 +187,7 @@ class ProcessLane:
         self._killing = kill
         for proc in self.procs:
             if kill:
-                _kill(proc.process)
+                kill_worker(proc.process)
             elif proc.open:
                 self._send(proc)
                 with contextlib.suppress(OSError):
@@ -195,7 +195,7 @@ class ProcessLane:
         for proc in self.procs:
             proc.process.join(None if kill else STOP_TIMEOUT)
             if proc.process.is_alive():
-                _kill(proc.process)
+                kill_worker(proc.process)
                 proc.process.join()
         collector = getattr(self, "_collector", None)
         if collector is not None and collector is not threading.current_thread():
@@ -207,16 +207,7 @@ class ProcessLane:
     # -- the collector thread -----------------------------------------------
 
     def _collect(self) -> None:
-        from multiprocessing.connection import wait as connection_wait
-
-        while True:
-            live = [p for p in self.procs if p.open]
-            if not live:
-                return
-            ready = connection_wait([p.conn for p in live])
-            for proc in live:
-                if proc.conn in ready:
-                    self._receive(proc)
+        collect(self.procs, self._receive)
 
     def _receive(self, proc: _Proc) -> None:
         try:
@@ -320,7 +311,24 @@ class OnDemand:
         )
 
 
-def _kill(process: Any) -> None:
+def collect(procs: Sequence[Any], receive: Callable[[Any], None]) -> None:
+    """A lane's collector loop (this one's and read/lane.py's): `receive(proc)`
+    for each worker whose pipe (`proc.conn`) has a message, until no worker's
+    pipe delivers (`proc.open`, which `receive` clears at its end)."""
+    from multiprocessing.connection import wait as connection_wait
+
+    while True:
+        live = [p for p in procs if p.open]
+        if not live:
+            return
+        ready = connection_wait([p.conn for p in live])
+        for proc in live:
+            if proc.conn in ready:
+                receive(proc)
+
+
+def kill_worker(process: Any) -> None:
+    """SIGKILL a worker process that still runs."""
     if process.is_alive() and process.pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGKILL)
