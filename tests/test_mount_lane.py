@@ -280,3 +280,10 @@ def test_a_store_no_worker_can_open_keeps_the_files_in_the_daemon(caplog) -> Non
     assert start_lane(settings, MemoryStore(), NoCache()) is None
     assert "cannot be opened in a worker process" in caplog.text
     assert start_lane(Settings.from_env({}), MemoryStore(), NoCache()) is None  # the default
+
+
+def test_a_worker_that_cannot_start_is_an_oserror_and_leaves_nothing() -> None:
+    before = set(glob.glob("/dev/shm/datamount-lane-*"))
+    with pytest.raises(OSError, match=r"mount worker process \d+ did not start: AttributeError"):
+        MountLane(None, 1, 1, 4096)  # its store's recipe cannot open: the worker dies
+    assert set(glob.glob("/dev/shm/datamount-lane-*")) == before

@@ -27,8 +27,9 @@ bounds one daemon on a node with many cores (README, The daemon and the GIL).
   'spawn' (transfer/lane.py's `fork_context`); the store's recipe, secret
   included, reaches a worker as its first message over its pipe: never argv
   or environment.
-- A worker that dies fails its calls in flight with LaneUnavailable (the
-  fetcher then reads in-process) and takes no more; the others go on.
+- A worker that dies takes no more tasks; its calls in flight go to another
+  worker, or, with none left, fail with LaneUnavailable (the fetcher then
+  reads in-process).
 - Errors keep their class (VersionChanged is ESTALE, AccessDenied EACCES...).
 
 Threads: one collector thread (`mount-lane-collect`) receives every worker's
@@ -79,7 +80,7 @@ class _Call:
     got: int = 0
     error: tuple[str, str, bool, int | None, int | None] | None = None
     file_size: int = 0  # of the block file its worker wrote (0: none)
-    lost: bool = False  # its worker died before answering
+    lost: bool = False  # its worker died before answering (it is sent again)
 
 
 class _Proc:
@@ -89,7 +90,8 @@ class _Proc:
         self.free = slabs  # its slabs not in use
         self.calls: dict[int, _Call] = {}
         self.send_lock = threading.Lock()  # Connection.send is not thread-safe
-        self.open = True
+        self.open = True  # its pipe still delivers (the collector clears it)
+        self.broken = False  # a send to it failed: it takes no more tasks
 
 
 class MountLane:
@@ -133,10 +135,16 @@ class MountLane:
                 slabs = list(range(n * threads, (n + 1) * threads))
                 self.procs.append(_Proc(process, mine, slabs))
             for proc in self.procs:
-                if not proc.conn.poll(READY_TIMEOUT) or proc.conn.recv() != "ready":
-                    raise OSError(f"mount worker process {proc.process.pid} did not start")
+                try:
+                    said = proc.conn.recv() if proc.conn.poll(READY_TIMEOUT) else "no answer"
+                except (EOFError, OSError):
+                    said = "it ended"
+                if said != "ready":
+                    raise OSError(f"mount worker process {proc.process.pid} did not start: {said}")
         except BaseException:
             self._stop(kill=True)
+            self._view.release()
+            self._map.close()
             raise
         finally:
             with contextlib.suppress(OSError):
@@ -170,40 +178,44 @@ class MountLane:
     def _call(
         self, obj: ObjectId, buffer: memoryview, room: tuple[str, int] | None, call: _Call
     ) -> int:
-        with self._cond:
-            while True:
-                live = [p for p in self.procs if p.open]
-                if self._closed or not live:
-                    raise LaneUnavailable
-                proc = max(live, key=lambda p: len(p.free))
-                if proc.free:
-                    break
-                self._cond.wait()
-            slab = proc.free.pop()
-            seq = self._seq = self._seq + 1
-            proc.calls[seq] = call
         block = (room[0], obj.store, obj.size) if room is not None else None
-        try:
-            try:
-                with proc.send_lock:
-                    proc.conn.send((seq, obj.key, 0, len(buffer), obj.etag, slab, block))
-            except (OSError, ValueError):
-                call.lost = True  # its pipe is gone: the collector reports the death
-            else:
-                call.event.wait()
-            if call.lost:
-                raise LaneUnavailable
-            if call.error is not None:
-                raise rebuild(call.error)
-            start = slab * self.slab_size
-            copy_into(buffer[: call.got], self._view[start : start + call.got])
-            return call.got
-        finally:
+        while True:  # a worker that dies with the task: another one reads it
             with self._cond:
-                proc.calls.pop(seq, None)
-                if proc.open:
-                    proc.free.append(slab)
-                self._cond.notify()
+                while True:
+                    live = [p for p in self.procs if p.open and not p.broken]
+                    if self._closed or not live:
+                        raise LaneUnavailable
+                    proc = max(live, key=lambda p: len(p.free))
+                    if proc.free:
+                        break
+                    self._cond.wait()
+                slab = proc.free.pop()
+                seq = self._seq = self._seq + 1
+                proc.calls[seq] = call
+            try:
+                try:
+                    with proc.send_lock:
+                        proc.conn.send((seq, obj.key, 0, len(buffer), obj.etag, slab, block))
+                except (OSError, ValueError):  # it died: the collector reports it
+                    with self._cond:
+                        proc.broken = True
+                    continue
+                call.event.wait()
+                if call.lost:
+                    call.event.clear()
+                    call.lost = False
+                    continue
+                if call.error is not None:
+                    raise rebuild(call.error)
+                start = slab * self.slab_size
+                copy_into(buffer[: call.got], self._view[start : start + call.got])
+                return call.got
+            finally:
+                with self._cond:
+                    proc.calls.pop(seq, None)
+                    if proc.open and not proc.broken:
+                        proc.free.append(slab)
+                    self._cond.notify()
 
     def close(self) -> None:
         """Every worker finishes what it has and exits (killed after
@@ -265,6 +277,6 @@ class MountLane:
             proc.process.join(5.0)
             log.warning(
                 "mount worker process %s ended (exit code %s) with %d file(s) in flight: "
-                "those are read in the daemon, the next by the other workers (if any)",
+                "they and the next go to the other workers, or are read in the daemon",
                 proc.process.pid, proc.process.exitcode, len(lost),
             )  # fmt: skip

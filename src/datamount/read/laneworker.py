@@ -9,7 +9,8 @@ Protocol over its one Connection (pickled; secrets cross only here):
                     (block file name, store identity, object size) when the
                     file's block file is to be written into `disk_root`;
                     None: finish the tasks received, report them, exit.
-  worker -> parent  "ready" once the shared memory is mapped; then lists of
+  worker -> parent  "ready" once the shared memory is mapped and its store
+                    open (else one line saying why, and it exits); then lists of
                     (seq, bytes read, portable error or None, block file size
                     or 0 when none was written).
 A closed pipe (the parent died) ends the worker at once.
@@ -105,8 +106,13 @@ def main(conn: Connection) -> None:
         view = memoryview(mmap.mmap(fd, 0))
     finally:
         os.close(fd)
-    store = setup.recipe.open(setup.threads)
-    files = BlockFiles(Path(setup.disk_root)) if setup.disk_root is not None else None
+    try:
+        store = setup.recipe.open(setup.threads)
+        files = BlockFiles(Path(setup.disk_root)) if setup.disk_root is not None else None
+    except Exception as exc:  # the parent says it in one line and reads in the daemon
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(f"{type(exc).__name__}: {exc}")
+        return
     results: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
     conn.send("ready")
     reporter = threading.Thread(target=_report, args=(conn, results), name="report", daemon=True)
