@@ -55,6 +55,7 @@ from datamount.read.laneworker import LaneSetup
 from datamount.transfer.lane import (
     collect,
     fork_context,
+    join_workers,
     kill_worker,
     rebuild,
     release_fork_server,
@@ -240,11 +241,7 @@ class MountLane:
             else:
                 with contextlib.suppress(OSError, ValueError), proc.send_lock:
                     proc.conn.send(None)
-        for proc in self.procs:
-            proc.process.join(None if kill else STOP_TIMEOUT)
-            if proc.process.is_alive():
-                kill_worker(proc.process)
-                proc.process.join()
+        join_workers([p.process for p in self.procs], None if kill else STOP_TIMEOUT)
         release_fork_server()
 
     # -- the collector thread -----------------------------------------------

@@ -192,11 +192,7 @@ class ProcessLane:
                 self._send(proc)
                 with contextlib.suppress(OSError):
                     proc.conn.send(None)
-        for proc in self.procs:
-            proc.process.join(None if kill else STOP_TIMEOUT)
-            if proc.process.is_alive():
-                kill_worker(proc.process)
-                proc.process.join()
+        join_workers([p.process for p in self.procs], None if kill else STOP_TIMEOUT)
         collector = getattr(self, "_collector", None)
         if collector is not None and collector is not threading.current_thread():
             collector.join()
@@ -325,6 +321,16 @@ def collect(procs: Sequence[Any], receive: Callable[[Any], None]) -> None:
         for proc in live:
             if proc.conn in ready:
                 receive(proc)
+
+
+def join_workers(processes: Sequence[Any], timeout: float | None) -> None:
+    """Wait up to `timeout` for each worker to exit (None: as long as it
+    takes), then SIGKILL and reap whichever still runs."""
+    for process in processes:
+        process.join(timeout)
+        if process.is_alive():
+            kill_worker(process)
+            process.join()
 
 
 def kill_worker(process: Any) -> None:
