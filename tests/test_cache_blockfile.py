@@ -1,5 +1,6 @@
 """The disk tier's block files (read/cache/blockfile.py): unnamed temp files
-linked in place, the named-temp fallback, a stale file under the final name."""
+linked in place, the named-temp fallback, a stale file under the final name,
+the O_DIRECT write from a block's own page-aligned buffer."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from datamount.read import copy
 from datamount.read.blocks import BlockKey, ObjectId
 from datamount.read.cache import blockfile
 from datamount.read.cache.blockfile import TMP_DIR, BlockFiles, block_name, encode_header
@@ -98,3 +101,98 @@ def test_either_layout_reads_back_and_any_other_size_or_a_flipped_data_byte_is_r
     raw[offset + 12345] ^= 1
     path.write_bytes(raw)
     assert blockfile.read(str(path), key()) is None
+
+
+def aligned_block(size: int, seed: int = 0) -> memoryview:
+    """A block as the fetcher makes it: its own page-aligned buffer."""
+    view = copy.empty(size)
+    view[:] = random.Random(seed).randbytes(size)
+    return view.toreadonly()
+
+
+def address(view: Any) -> int:
+    return int(np.frombuffer(view, np.uint8).__array_interface__["data"][0])
+
+
+@pytest.mark.parametrize("size", [64 * 1024 - 1, 64 * 1024, 2 << 20, (2 << 20) - 1, 300_001])
+def test_empty_buffers_from_64_kib_start_on_a_page(size: int) -> None:
+    view = copy.empty(size)
+    assert len(view) == size and view.format == "B" and not view.readonly
+    assert (address(view) % 4096 == 0) == (size >= copy.GIL_FREE_MIN)
+    assert copy.page_aligned(view) == (size >= copy.GIL_FREE_MIN)
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 2 << 20, (2 << 20) - 1, 300_001])
+def test_an_aligned_block_is_written_from_its_own_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """One pwritev: the header page, the block's whole pages from its own
+    buffer (no copy), the last partial page copied; the file is the paged
+    layout byte for byte."""
+    calls: list[list[int]] = []
+    real = os.pwritev
+
+    def spy(fd: int, views: list[memoryview], offset: int) -> int:
+        calls.append([address(v) for v in views])
+        return real(fd, views, offset)
+
+    monkeypatch.setattr(blockfile.os, "pwritev", spy)
+    files = make(tmp_path)
+    data = aligned_block(size, size)
+    header = encode_header(key(), data)
+    written = files.write(block_name(key()), header, data)
+    files.close()
+    assert len(calls) == 1 and calls[0][1] == address(data)
+    assert len(calls[0]) == (2 if size % 4096 == 0 else 3)
+    raw = Path(files.path(block_name(key()))).read_bytes()
+    pages = -(-len(header) // 4096) * 4096
+    assert len(raw) == written == pages + -(-size // 4096) * 4096
+    assert raw[: len(header)] == header and raw[pages : pages + size] == bytes(data)
+    assert not raw[len(header) : pages].strip(b"\0") and not raw[pages + size :].strip(b"\0")
+    assert blockfile.read(files.path(block_name(key())), key()) == (bytes(data), written)
+
+
+def test_an_unaligned_block_is_copied_and_a_refused_buffer_falls_back_to_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    def refuse(fd: int, views: list[memoryview], offset: int) -> int:
+        calls.append(len(views))
+        raise OSError(errno.EINVAL, "Invalid argument")  # a device wanting more alignment
+
+    monkeypatch.setattr(blockfile.os, "pwritev", refuse)
+    files = make(tmp_path)
+    unaligned = random.Random(1).randbytes(300_001)  # bytes: never page-aligned here
+    files.write(block_name(key(0)), encode_header(key(0), unaligned), unaligned)
+    assert calls == [] and files.vectored
+    data = aligned_block(300_001, 2)
+    files.write(block_name(key(1)), encode_header(key(1), data), data)
+    files.close()
+    assert calls == [3] and not files.vectored  # refused once, then copies
+    assert blockfile.read(files.path(block_name(key(0))), key(0))[0] == unaligned  # type: ignore[index]
+    assert blockfile.read(files.path(block_name(key(1))), key(1))[0] == bytes(data)  # type: ignore[index]
+
+
+def test_a_short_vectored_write_goes_on_from_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.pwritev
+
+    def short(fd: int, views: list[memoryview], offset: int) -> int:
+        left, part = 1000, []  # at most 1000 bytes a call, across segment ends
+        for v in views:
+            part.append(v[:left])
+            left -= len(part[-1])
+            if not left:
+                break
+        return real(fd, part, offset)
+
+    monkeypatch.setattr(blockfile.os, "pwritev", short)
+    views = [memoryview(b"a" * 700), memoryview(b"b" * 1500), memoryview(b"c" * 3)]
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        blockfile._writev_all(fd, views, 10)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == bytes(10) + b"a" * 700 + b"b" * 1500 + b"c" * 3

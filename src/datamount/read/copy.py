@@ -1,5 +1,7 @@
 """Copies of a block's bytes that let other threads run: a FUSE reply filled
-from a cached block, a block staged for an O_DIRECT write.
+from a cached block, a block staged for an O_DIRECT write; and the
+uninitialised, page-aligned buffers blocks are fetched into (`empty`), which
+the disk tier's O_DIRECT write sends as they are.
 
 A memoryview slice assignment holds the GIL for the whole memcpy (~0.2 ms per
 MiB on this VM: 0.2 GIL-s per GiB for each copy of a cold sequential read).
@@ -17,6 +19,24 @@ from datamount.read.blocks import BlockData
 
 # Below this, numpy's call overhead (~2 us) is more than the copy holds the GIL.
 GIL_FREE_MIN = 64 * 1024
+PAGE = 4096  # O_DIRECT's alignment of a buffer's address, offset and length
+
+
+def empty(size: int) -> memoryview:
+    """A writable buffer of `size` uninitialised bytes (numpy.empty: malloc
+    without a memset). From GIL_FREE_MIN bytes it starts on a page (4 KiB more
+    are allocated), so an O_DIRECT write can take it without the copy into an
+    aligned buffer that cost 0.37 ms of CPU per 2 MiB block (0.19 s per GiB)."""
+    if size < GIL_FREE_MIN:
+        return np.empty(size, np.uint8).data
+    raw = np.empty(size + PAGE, np.uint8)
+    start = -raw.__array_interface__["data"][0] % PAGE
+    return raw[start : start + size].data
+
+
+def page_aligned(view: BlockData) -> bool:
+    """Whether `view` starts on a page."""
+    return bool(np.frombuffer(view, np.uint8).__array_interface__["data"][0] % PAGE == 0)
 
 
 def copy_into(dst: memoryview, src: BlockData) -> None:

@@ -50,13 +50,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 
-import numpy as np
-
 from datamount.budget import DEMAND, PREFETCH, MemoryBudget
 from datamount.errors import StorageError
 from datamount.read.blocks import BlockData, BlockKey, block_span
 from datamount.read.cache.base import BlockCache
 from datamount.read.cache.held import HOLD_SECONDS, HeldBlocks
+from datamount.read.copy import empty
 from datamount.read.lane import LaneUnavailable, MountLane
 from datamount.read.prefetch.scheduler import Scheduler, SchedulerClosed, Ticket
 from datamount.read.stats import MountStats
@@ -78,11 +77,13 @@ def block_buffer(size: int) -> memoryview:
     kept, read-only, by the caches (no copy out of a shared request buffer).
     Uninitialised memory (numpy.empty: malloc without a memset), so a freed
     block's heap memory is reused as it is and fresh pages are first touched
-    inside the socket read, which runs without the GIL. Measured on a cold 1 GiB
-    read (py-spy --gil): a zeroed bytearray per request and a bytes copy per
-    block held the GIL 0.6 of 1.2 s; an anonymous mmap per block moved the page
-    faults out of the GIL but cost +0.8 CPU-s per GiB (a fault per 4 KiB page)."""
-    return np.empty(size, np.uint8).data  # a writable memoryview, format "B"
+    inside the socket read, which runs without the GIL; page-aligned from
+    64 KiB, so the disk tier writes it with O_DIRECT without a copy (read/copy.py
+    `empty`). Measured on a cold 1 GiB read (py-spy --gil): a zeroed bytearray
+    per request and a bytes copy per block held the GIL 0.6 of 1.2 s; an
+    anonymous mmap per block moved the page faults out of the GIL but cost
+    +0.8 CPU-s per GiB (a fault per 4 KiB page)."""
+    return empty(size)  # a writable memoryview, format "B"
 
 
 @dataclass(eq=False)

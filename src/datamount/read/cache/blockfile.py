@@ -15,17 +15,20 @@ Writing: an unnamed O_TMPFILE file in `root/tmp`, linked under its final name
 once whole (linkat of /proc/self/fd/N), so a final name never holds a torn
 block and a killed process leaves no temp file; where O_TMPFILE is refused, a
 named `tmp/<name>.<tid>.tmp` renamed into place. Blocks of DIRECT_MIN bytes
-and more are written paged, with one O_DIRECT pwrite from a page-aligned
-per-thread buffer: buffered writes of fresh files cost this VM ~2.5 s of
-kernel CPU per GiB, taken from the cores the reads need. (The compact layout
-written that way needed a buffered write of the last partial page after an
-F_SETFL: 0.61 -> 0.49 ms of CPU per 2 MiB block, 0.35 -> 0.24 ms per 256 KiB
-one, and no dirty page left per file for the kernel to write back.) Smaller
+and more are written paged, with one O_DIRECT write: buffered writes of fresh
+files cost this VM ~2.5 s of kernel CPU per GiB, taken from the cores the
+reads need. (The compact layout written that way needed a buffered write of
+the last partial page after an F_SETFL: 0.61 -> 0.49 ms of CPU per 2 MiB
+block, 0.35 -> 0.24 ms per 256 KiB one, and no dirty page left per file for
+the kernel to write back.) A page-aligned block (fetched blocks are) is sent
+from its own buffer in a pwritev between a per-thread header page and its last
+partial page; another block is first copied into a per-thread aligned buffer
+(0.37 ms of CPU per 2 MiB block more, measured). Smaller
 blocks, and every block where O_DIRECT is refused (tmpfs), are written
 compact and buffered. Paths are plain strings: pathlib cost ~5 us of GIL per
 path, several paths per block.
 
-Threads: any; `direct` and `tmpfile` are one-way flags (set True at start,
+Threads: any; `direct`, `tmpfile` and `vectored` are one-way flags (set True at start,
 cleared once on refusal), the buffer is per thread.
 """
 
@@ -46,7 +49,7 @@ from pathlib import Path
 import xxhash
 
 from datamount.read.blocks import BlockData, BlockKey, ObjectId
-from datamount.read.copy import copy_into
+from datamount.read.copy import PAGE, copy_into, page_aligned
 
 log = logging.getLogger("datamount.read.cache.disk")
 
@@ -60,7 +63,7 @@ FORMAT_VERSION = 2
 HEADER = struct.Struct("<8sHIIIQQQQ")
 SUFFIX = ".blk"
 TMP_DIR = "tmp"
-ALIGN = 4096  # O_DIRECT alignment of buffer address, offset and length (the page size)
+ALIGN = PAGE  # O_DIRECT alignment of buffer address, offset and length (the page size)
 DIRECT_MIN = 64 << 10  # below this a buffered write is as cheap
 
 
@@ -136,6 +139,7 @@ class BlockFiles:
         self._tmp = f"{self.prefix}{TMP_DIR}"
         self.direct = hasattr(os, "O_DIRECT")  # cleared where the filesystem refuses it
         self.tmpfile = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+        self.vectored = True  # O_DIRECT from a page-aligned block's own buffer; cleared on EINVAL
         # os.link follows the /proc/self/fd link only as linkat, with a folder fd.
         self._root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
         self._local = threading.local()  # each writer's aligned buffer
@@ -200,20 +204,37 @@ class BlockFiles:
 
     def _fill(self, fd: int, direct: bool, header: bytes, data: BlockData) -> None:
         """Write the block from offset 0: compact and buffered, or with
-        `direct` paged, in one O_DIRECT write from this thread's aligned
-        buffer (its padding zeroed: no bytes of an earlier block)."""
+        `direct` paged, in one O_DIRECT write. A page-aligned block (every
+        fetched block: read/copy.py `empty`) goes as it is, between this
+        thread's aligned header page and a copy of its last partial page; any
+        other is copied whole into this thread's aligned buffer first. The
+        padding is zeroed: no bytes of an earlier block."""
         if not direct:
             _write_all(fd, memoryview(header), 0)
             _write_all(fd, memoryview(data), len(header))
             return
         offset, total = layout(len(header), len(data), True)
-        end = offset + len(data)
-        buf = self._buffer(total)
+        whole = len(data) // ALIGN * ALIGN if self.vectored and page_aligned(data) else 0
+        staged = total - whole  # header page + the data's pages not sent as they are
+        buf = self._buffer(staged)
         buf[: len(header)] = header
         buf[len(header) : offset] = bytes(offset - len(header))
-        copy_into(buf[offset:end], data)  # without the GIL (read/copy.py)
-        buf[end:total] = bytes(total - end)
-        _write_all(fd, buf[:total], 0)
+        end = offset + len(data) - whole
+        copy_into(buf[offset:end], data[whole:])  # without the GIL (read/copy.py)
+        buf[end:staged] = bytes(staged - end)
+        if not whole:
+            _write_all(fd, buf[:staged], 0)
+            return
+        views = [buf[:offset], memoryview(data)[:whole], buf[offset:staged]]
+        try:
+            _writev_all(fd, [v for v in views if v], 0)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            # A device whose O_DIRECT wants more than page alignment per segment.
+            log.info("disk cache: O_DIRECT refuses a block's own buffer in %s: copies", self.root)
+            self.vectored = False
+            self._fill(fd, direct, header, data)
 
     def _publish(self, src: str, rel: str, how: Callable[..., None]) -> None:
         """Give the written file its final name `rel` (under the root): `how`
@@ -262,3 +283,17 @@ def _write_all(fd: int, view: memoryview, offset: int) -> None:
     while view:
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n
+
+
+def _writev_all(fd: int, views: list[memoryview], offset: int) -> None:
+    """pwritev of `views` at `offset`, again from where a short write stopped."""
+    while views:
+        n = os.pwritev(fd, views, offset)
+        if not n:
+            raise OSError(errno.EIO, "pwritev wrote nothing")
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views = views[1:]
+        if n:
+            views = [views[0][n:], *views[1:]]
