@@ -356,6 +356,40 @@ def test_a_run_is_admitted_whole_or_not_at_all(obj: ObjectId) -> None:
         rig.close()
 
 
+def test_a_refused_run_offered_again_costs_no_lookup_until_its_room_is_there(
+    obj: ObjectId,
+) -> None:
+    """A budget-bound reader offers the run that did not fit again at every
+    read: without room for that run the offer is refused after one lookup (not
+    one per key), with the same answer and counters; once reads free the room,
+    the run goes out."""
+    store = GatedStore({"f": DATA})
+    rig = Rig(store, budget=8 * BS)  # a prefetch share of 6 blocks, runs of 4
+    try:
+        keys = [BlockKey(obj, i) for i in range(11)]
+        assert rig.fetcher.prefetch_many(keys[:4]) == 4
+        wait_for(lambda: rig.stats.snapshot()["prefetched_blocks"] == 4)
+        rig.cache.counts.clear()
+        assert rig.fetcher.prefetch_many(keys[4:]) == 0  # 2 blocks of room: not a run of 4
+        assert rig.cache.counts["contains"] == 7  # the full walk: every key looked up
+        rig.fetcher.get(keys[0])  # 3 blocks of room
+        before, rig.cache.counts["contains"] = rig.stats.snapshot(), 0
+        assert rig.fetcher.prefetch_many(keys[4:]) == 0
+        assert rig.fetcher.prefetch_many(keys[4:]) == 0
+        assert rig.cache.counts["contains"] == 2  # one lookup an offer
+        after = rig.stats.snapshot()
+        assert after["prefetch_offers"] - before["prefetch_offers"] == 2
+        assert after["prefetch_window_full"] - before["prefetch_window_full"] == 2
+        assert rig.fetcher.prefetch_many(keys[5:]) == 0  # another offer: the full walk
+        assert rig.cache.counts["contains"] == 2 + 6
+        rig.fetcher.get(keys[1])  # 4 blocks of room: the run fits
+        assert rig.fetcher.prefetch_many(keys[4:]) == 4
+        wait_for(lambda: rig.stats.snapshot()["prefetched_blocks"] == 8)
+        assert rig.store.requests["read"] == 2
+    finally:
+        rig.close()
+
+
 def test_a_reader_of_one_block_of_a_queued_run_promotes_the_run(
     store: GatedStore, obj: ObjectId
 ) -> None:

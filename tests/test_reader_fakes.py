@@ -42,7 +42,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 class DictCache:
-    """A BlockCache in a dict: no bound, counts hits and puts."""
+    """A BlockCache in a dict: no bound, counts hits, puts and lookups."""
 
     def __init__(self) -> None:
         self.blocks: dict[BlockKey, bytes] = {}
@@ -62,6 +62,7 @@ class DictCache:
 
     def contains(self, key: BlockKey) -> bool:
         with self._lock:
+            self.counts["contains"] += 1
             return key in self.blocks
 
     def close(self) -> None:

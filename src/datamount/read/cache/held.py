@@ -107,11 +107,12 @@ class HeldBlocks:
 
     # -- prefetches --------------------------------------------------------
 
-    def shut(self) -> bool:
-        """No prefetch of any size can be admitted now (admit would fail without
-        a side effect): the prefetch share is spent and no unread block is old
-        enough to make way. A pure check, for offers that would only be refused."""
-        if self._ahead < self.prefetch_cap:
+    def shut(self, size: int = 1) -> bool:
+        """No prefetch of `size` bytes (default: of any size) can be admitted now
+        (admit would fail without a side effect): the prefetch share lacks them
+        and no unread block is old enough to make way. A pure check, for offers
+        that would only be refused."""
+        if self._ahead + size <= self.prefetch_cap:
             return False
         if self._unread:
             _, since = next(iter(self._unread.values()))
