@@ -120,6 +120,11 @@ def test_empty_buffers_from_64_kib_start_on_a_page(size: int) -> None:
     assert len(view) == size and view.format == "B" and not view.readonly
     assert (address(view) % 4096 == 0) == (size >= copy.GIL_FREE_MIN)
     assert copy.page_aligned(view) == (size >= copy.GIL_FREE_MIN)
+    readonly = view.toreadonly()  # as the caches keep a block: still its array's start
+    assert copy.page_aligned(readonly) == (size >= copy.GIL_FREE_MIN)
+    assert not copy.page_aligned(readonly[1:])  # a slice of it: its own start counts
+    assert copy.page_aligned(readonly[4096:]) == (size >= copy.GIL_FREE_MIN)
+    assert not copy.page_aligned(memoryview(bytes(size)))
 
 
 @pytest.mark.parametrize("size", [64 * 1024, 2 << 20, (2 << 20) - 1, 300_001])

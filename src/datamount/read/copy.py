@@ -13,6 +13,8 @@ No threads of its own; safe from any thread (the caller owns `dst`).
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from datamount.read.blocks import BlockData
@@ -30,13 +32,21 @@ def empty(size: int) -> memoryview:
     if size < GIL_FREE_MIN:
         return np.empty(size, np.uint8).data
     raw = np.empty(size + PAGE, np.uint8)
-    start = -raw.__array_interface__["data"][0] % PAGE
+    start = -_address(raw) % PAGE
     return raw[start : start + size].data
 
 
 def page_aligned(view: BlockData) -> bool:
     """Whether `view` starts on a page."""
+    obj = view.obj if isinstance(view, memoryview) else None
+    if isinstance(obj, np.ndarray) and obj.nbytes == len(view) and obj.flags.writeable:
+        return _address(obj) % PAGE == 0  # the whole array: it starts where the view does
     return bool(np.frombuffer(view, np.uint8).__array_interface__["data"][0] % PAGE == 0)
+
+
+def _address(array: np.ndarray) -> int:
+    """Where a writable array's bytes start (~0.9 us; __array_interface__ ~3 us)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(array))  # type: ignore[arg-type]
 
 
 def copy_into(dst: memoryview, src: BlockData) -> None:
