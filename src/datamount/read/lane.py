@@ -59,6 +59,7 @@ from datamount.transfer.lane import (
     kill_worker,
     rebuild,
     release_fork_server,
+    spawn_worker,
     use_fork_server,
 )
 
@@ -126,15 +127,9 @@ class MountLane:
             root = os.fspath(disk.root) if disk is not None else None
             setup = LaneSetup(recipe, threads, path, slab_size, root)
             for n in range(processes):
-                mine, theirs = ctx.Pipe(duplex=True)
-                process = ctx.Process(
-                    target=laneworker.main, args=(theirs,), name=f"datamount-lane-{n}", daemon=True
-                )
-                process.start()
-                theirs.close()
-                mine.send(setup)
+                process, conn = spawn_worker(ctx, laneworker.main, f"datamount-lane-{n}", setup)
                 slabs = list(range(n * threads, (n + 1) * threads))
-                self.procs.append(_Proc(process, mine, slabs))
+                self.procs.append(_Proc(process, conn, slabs))
             for proc in self.procs:
                 try:
                     said = proc.conn.recv() if proc.conn.poll(READY_TIMEOUT) else "no answer"

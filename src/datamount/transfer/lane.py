@@ -118,14 +118,8 @@ class ProcessLane:
         use_fork_server()
         try:
             for n in range(processes):
-                mine, theirs = ctx.Pipe(duplex=True)
-                process = ctx.Process(
-                    target=worker.main, args=(theirs,), name=f"datamount-download-{n}", daemon=True
-                )
-                process.start()
-                theirs.close()
-                mine.send(setup)
-                self.procs.append(_Proc(process, mine))
+                process, conn = spawn_worker(ctx, worker.main, f"datamount-download-{n}", setup)
+                self.procs.append(_Proc(process, conn))
         except BaseException:
             self.close(kill=True)
             raise
@@ -305,6 +299,17 @@ class OnDemand:
             " ".join(f"{u['rss_mib']:.0f}" for u in self.lane.usage),
             own.ru_utime + own.ru_stime,
         )
+
+
+def spawn_worker(ctx: Any, target: Callable[[Any], None], name: str, setup: Any) -> tuple[Any, Any]:
+    """A daemon worker process of `ctx` running `target(its pipe end)`, sent
+    `setup` over the pipe (the only way a secret reaches it): (process, our end)."""
+    mine, theirs = ctx.Pipe(duplex=True)
+    process = ctx.Process(target=target, args=(theirs,), name=name, daemon=True)
+    process.start()
+    theirs.close()
+    mine.send(setup)
+    return process, mine
 
 
 def collect(procs: Sequence[Any], receive: Callable[[Any], None]) -> None:
