@@ -13,7 +13,7 @@ import os
 import ssl
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -131,6 +131,28 @@ def store_on(
     return open_store(
         location, pool_size=pool_size, retry=RetryPolicy(retries=retries, sleep=lambda s: None)
     )
+
+
+def seeded_stores(
+    azurite: Azurite, container: ContainerClient, endpoint: str, *, retries: int
+) -> Iterator[Callable[[dict[str, bytes]], ObjectStore]]:
+    """For a `seeded` fixture: `make(blobs)` uploads `blobs` to the test's
+    container and opens a store on it through `endpoint` (a proxy that sees
+    every process's requests); the stores close at the end of the test."""
+    stores: list[ObjectStore] = []
+
+    def make(blobs: dict[str, bytes]) -> ObjectStore:
+        for name, body in blobs.items():
+            container.upload_blob(name, body, overwrite=True)
+        store = store_on(
+            azurite, container.container_name, endpoint=endpoint, pool_size=8, retries=retries
+        )
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import store_on
+from conftest import seeded_stores
 from datamount.errors import AccessDenied, DataError, SettingsError
 from datamount.settings import Settings
 from datamount.storage import ObjectStore
@@ -55,20 +55,7 @@ def seeded(azurite, container, proxy) -> Iterator[Callable[[dict[str, bytes]], O
     """`seeded(blobs)`: `blobs` uploaded to the test's container, and a store
     on it through the proxy (which sees every process's requests), closed
     at the end of the test."""
-    stores: list[ObjectStore] = []
-
-    def make(blobs: dict[str, bytes]) -> ObjectStore:
-        for name, body in blobs.items():
-            container.upload_blob(name, body, overwrite=True)
-        store = store_on(
-            azurite, container.container_name, endpoint=proxy.endpoint, pool_size=8, retries=2
-        )
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        store.close()
+    yield from seeded_stores(azurite, container, proxy.endpoint, retries=2)
 
 
 def small_tree(prefix: str, n: int) -> dict[str, bytes]:

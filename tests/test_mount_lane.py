@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from azurite import Azurite
-from conftest import store_on
+from conftest import seeded_stores
 from datamount.errors import ObjectNotFound, SettingsError, VersionChanged
 from datamount.read.blocks import BlockKey, ObjectId
 from datamount.read.cache.base import NoCache
@@ -43,20 +43,7 @@ SIZES = [1, 777, 4095, 4096, 65_536, 300_001, SLAB]  # page-aligned and not, a w
 
 @pytest.fixture
 def seeded(azurite, container, proxy) -> Iterator[Callable[[dict[str, bytes]], ObjectStore]]:  # noqa: ANN001
-    stores: list[ObjectStore] = []
-
-    def make(blobs: dict[str, bytes]) -> ObjectStore:
-        for name, body in blobs.items():
-            container.upload_blob(name, body, overwrite=True)
-        store = store_on(
-            azurite, container.container_name, endpoint=proxy.endpoint, pool_size=8, retries=1
-        )
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        store.close()
+    yield from seeded_stores(azurite, container, proxy.endpoint, retries=1)
 
 
 @pytest.fixture
