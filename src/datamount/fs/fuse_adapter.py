@@ -101,6 +101,26 @@ def set_observer(observe: Callable[[str, float], None] | None) -> None:
     _observe = observe
 
 
+# libfuse's worker threads (idents) whose Python thread state is kept (_keep_thread_state).
+_kept: set[int] = set()
+
+
+def _keep_thread_state() -> None:
+    """Keep this libfuse worker thread's Python thread state from one callback
+    to the next. A ctypes callback on a thread Python did not start creates a
+    thread state (and its first 16 KiB frame stack, one mmap) on entry and
+    deletes it (one munmap) on return: per callback, with the GIL held. One
+    more PyGILState_Ensure, never released, keeps the state's count above
+    zero, so the callbacks after this one reuse it; each still takes the GIL
+    on entry and gives it back on return. libfuse keeps its workers for the
+    mount's life (max_idle_threads = max_threads), so a kept state is never
+    one of an ended thread until the loop stops."""
+    ident = threading.get_ident()
+    if ident not in _kept:
+        _kept.add(ident)
+        ctypes.pythonapi.PyGILState_Ensure()
+
+
 def _funnel(method: F) -> F:
     """The one errno funnel every callback goes through (and, with metrics
     on, the one place its latency is measured)."""
@@ -108,6 +128,8 @@ def _funnel(method: F) -> F:
 
     @functools.wraps(method)
     def call(self: Any, *args: Any) -> Any:
+        if threading.get_ident() not in _kept:
+            _keep_thread_state()
         observe = _observe
         start = time.perf_counter() if observe is not None else 0.0
         try:
