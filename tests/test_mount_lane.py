@@ -1,9 +1,10 @@
-"""The mount's small-file lane in worker processes (DATAMOUNT_MOUNT_PROCESSES,
+"""The mount's fetch lane in worker processes (DATAMOUNT_MOUNT_PROCESSES,
 read/lane.py) against real Azurite, through a FaultProxy that sees every
-process's requests: bytes equal, one GET per file, the block files the workers
-write are the disk tier's (indexed, verified when read back), errors keep their
-class, a dead worker's files are read in the daemon, nothing is left behind, and
-the account key reaches a worker over its pipe only; then a real ro_mount over
+process's requests: bytes equal, one GET per file or run of blocks, the block
+files the workers write are the disk tier's (indexed, verified when read back;
+a block the disk has no room for is not written), errors keep their class, a
+dead worker's files are read in the daemon, nothing is left behind, and the
+account key reaches a worker over its pipe only; then a real ro_mount over
 HTTPS with the knob set."""
 
 from __future__ import annotations
@@ -50,8 +51,15 @@ def seeded(azurite, container, proxy) -> Iterator[Callable[[dict[str, bytes]], O
 def lanes() -> Iterator[Callable[..., MountLane]]:
     made: list[MountLane] = []
 
-    def make(store: ObjectStore, disk: DiskCache | None = None, processes: int = 2) -> MountLane:
-        lane = MountLane(store.recipe(), processes, 2, SLAB, disk)  # type: ignore[attr-defined]
+    def make(
+        store: ObjectStore,
+        disk: DiskCache | None = None,
+        processes: int = 2,
+        block_size: int = SLAB,
+        run_blocks: int = 1,
+    ) -> MountLane:
+        recipe = store.recipe()  # type: ignore[attr-defined]
+        lane = MountLane(recipe, processes, 2, block_size, disk, run_blocks=run_blocks)
         made.append(lane)
         return lane
 
@@ -60,10 +68,10 @@ def lanes() -> Iterator[Callable[..., MountLane]]:
         lane.close()
 
 
-def disk_cache(root: Path) -> DiskCache:
+def disk_cache(root: Path, limit: int = 1 << 30) -> DiskCache:
     return DiskCache(
         root,
-        limit=lambda free, used: 1 << 30,
+        limit=lambda free, used: limit,
         prune_threshold=1.0,
         prune_target=0.7,
         write_threads=1,
@@ -78,8 +86,16 @@ def obj_of(store: ObjectStore, key: str) -> ObjectId:
 
 def read(lane: MountLane, obj: ObjectId) -> bytes:
     buffer = block_buffer(obj.size)
-    n = lane.read_into(obj, buffer)
+    n = lane.read_into(obj, 0, [buffer])
     return bytes(buffer[:n])
+
+
+def read_run(lane: MountLane, obj: ObjectId, first: int, count: int) -> bytes:
+    """Blocks first.. first + count - 1 of `obj` in one lane call, one buffer each."""
+    bs = lane.block_size
+    buffers = [block_buffer(min(bs, obj.size - i * bs)) for i in range(first, first + count)]
+    n = lane.read_into(obj, first * bs, buffers)
+    return b"".join(bytes(b) for b in buffers)[:n]
 
 
 def alive(pid: int) -> bool:
@@ -117,6 +133,44 @@ def test_worker_processes_read_every_byte_one_get_per_file_and_write_its_block_f
     pids = lane.pids
     lane.close()
     assert not any(alive(pid) for pid in pids)
+
+
+def test_runs_of_a_big_files_blocks_are_one_get_each_and_every_block_gets_its_file(
+    seeded,
+    proxy,
+    lanes,
+    tmp_path: Path,  # noqa: ANN001
+) -> None:
+    bs = 64 * 1024
+    data = rng.randbytes(7 * bs + 1234)  # 8 blocks, the last one short
+    store = seeded({"big/b.bin": data})
+    obj = obj_of(store, "big/b.bin")
+    disk = disk_cache(tmp_path / "blocks")
+    lane = lanes(store, disk, block_size=bs, run_blocks=3)
+    assert lane.slab_size == 3 * bs and lane.takes(3 * bs) and not lane.takes(3 * bs + 1)
+    proxy.reset()
+    runs = [(0, 3), (3, 3), (6, 2)]
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda r: read_run(lane, obj, *r), runs))
+    assert got == [data[first * bs : (first + n) * bs] for first, n in runs]
+    ranges = sorted(r.range or "" for r in proxy.ranged_gets("big/b.bin"))
+    assert ranges == sorted(f"bytes={f * bs}-{min((f + n) * bs, len(data)) - 1}" for f, n in runs)
+    files = sorted((tmp_path / "blocks").rglob("*.blk"))
+    assert len(files) == 8 and disk.used_bytes == sum(p.stat().st_size for p in files)
+    for i in range(8):
+        assert disk.get(BlockKey(obj, i)) == data[i * bs : (i + 1) * bs]
+    # A disk with room for two whole blocks: the third of the run is not written
+    # (the fetcher's cache put queues it as usual), its room is given back.
+    full = max(p.stat().st_size for p in files)
+    small = disk_cache(tmp_path / "small", limit=2 * full + full // 2)
+    lane2 = lanes(store, small, processes=1, block_size=bs, run_blocks=3)
+    assert read_run(lane2, obj, 0, 3) == data[: 3 * bs]
+    assert [small.contains(BlockKey(obj, i)) for i in range(3)] == [True, True, False]
+    assert (
+        small.used_bytes
+        == 2 * full
+        == sum(p.stat().st_size for p in (tmp_path / "small").rglob("*.blk"))
+    )
 
 
 def test_errors_keep_their_class_and_give_the_disk_room_back(
@@ -229,7 +283,7 @@ def test_a_ro_mount_over_https_with_worker_processes_reads_the_bytes_and_leaves_
     assert azurite_https.tls is not None
     container = azurite_https.create_container(f"lane{uuid.uuid4().hex[:20]}")
     tree = {f"ds/d{i % 3}/f{i:02}.bin": rng.randbytes(SIZES[i % len(SIZES)]) for i in range(21)}
-    tree["ds/big.bin"] = rng.randbytes(5 * 1024 * 1024 + 3)  # blocks, read in the daemon
+    tree["ds/big.bin"] = rng.randbytes(5 * 1024 * 1024 + 3)  # blocks, in runs
     azurite_https.seed(container, tree)
     env = mount_env(
         azurite_https,

@@ -318,9 +318,9 @@ class Settings(BaseModel):
     # > 1: a download's small files are fetched by that many worker processes
     # (transfer.lane), each with its own connection pool and GIL; 1: in-process.
     download_processes: Threads = Field(1, alias="DATAMOUNT_DOWNLOAD_PROCESSES")
-    # > 1: a ro_mount's small files (whole files of at most one block) are fetched
-    # by that many worker processes (read/lane.py), each with its own connection
-    # pool and GIL; 1: in the daemon.
+    # > 1: a ro_mount's block fetches (whole small files, blocks, runs of blocks)
+    # are made by that many worker processes (read/lane.py), each with its own
+    # connection pool and GIL; 1: in the daemon.
     mount_processes: Threads = Field(1, alias="DATAMOUNT_MOUNT_PROCESSES")
 
     # -- operability (issue 13): Prometheus metrics of daemons and long transfers --

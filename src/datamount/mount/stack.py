@@ -44,7 +44,7 @@ from datamount.read.cache.disk import DiskCache
 from datamount.read.cache.memory import MemoryCache
 from datamount.read.cache.tiered import TieredCache
 from datamount.read.dense import DenseFill
-from datamount.read.fetch import BlockFetcher
+from datamount.read.fetch import RUN_BYTES, BlockFetcher
 from datamount.read.lane import MountLane
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.reader import BlockReader, Reader, ReadHandle
@@ -169,25 +169,27 @@ def build_reader(
 
 
 def start_lane(settings: Settings, store: ObjectStore, disk: BlockCache) -> MountLane | None:
-    """DATAMOUNT_MOUNT_PROCESSES > 1: the worker processes that fetch whole
-    small files (read/lane.py), or None (with the reason in the log)."""
+    """DATAMOUNT_MOUNT_PROCESSES > 1: the worker processes that make the
+    block fetches (read/lane.py), or None (with the reason in the log)."""
     processes = settings.mount_processes
     if processes <= 1:
         return None
     recipe = getattr(store, "recipe", lambda: None)()
     if recipe is None:
-        log.info("small files read in the daemon: %r cannot be opened in a worker process", store)
+        log.info("blocks fetched in the daemon: %r cannot be opened in a worker process", store)
         return None
     threads = max(2, settings.read_threads // processes)
+    block_size = settings.read_block_size
+    run_blocks = max(1, RUN_BYTES // block_size)  # a slab holds the fetcher's longest request
     try:
         on_disk = disk if isinstance(disk, DiskCache) else None
-        lane = MountLane(recipe, processes, threads, settings.read_block_size, on_disk)
+        lane = MountLane(recipe, processes, threads, block_size, on_disk, run_blocks=run_blocks)
     except OSError as exc:  # fork / pipe / shared memory limits: the daemon reads them
-        log.warning("small files read in the daemon: cannot start worker processes: %s", exc)
+        log.warning("blocks fetched in the daemon: cannot start worker processes: %s", exc)
         return None
     log.info(
-        "small files (up to %d B) fetched by %d worker processes of %d threads: pids %s",
-        settings.read_block_size, processes, threads, " ".join(map(str, lane.pids)),
+        "blocks (requests up to %d B) fetched by %d worker processes of %d threads: pids %s",
+        lane.slab_size, processes, threads, " ".join(map(str, lane.pids)),
     )  # fmt: skip
     return lane
 

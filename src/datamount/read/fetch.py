@@ -124,8 +124,8 @@ class BlockFetcher:
     ) -> None:
         """Either `budget`, the mount's shared MemoryBudget (its PREFETCH
         limit is this fetcher's bound), or `memory_budget` bytes in a budget
-        of its own. `lane`: worker processes that fetch whole small files
-        (read/lane.py; the rest is fetched here)."""
+        of its own. `lane`: worker processes that make the fetches
+        (read/lane.py; without one, or when it cannot, they are made here)."""
         if (budget is None) == (memory_budget is None):
             raise ValueError("give exactly one of memory_budget and budget")
         if budget is None:
@@ -393,14 +393,12 @@ class BlockFetcher:
             self._complete(flight, data)
 
     def _read(self, first: BlockKey, offset: int, buffers: list[memoryview]) -> int:
-        """The request of a run: a whole small file in the lane's worker
-        processes where there are any, anything else (or if the lane cannot
-        take it) in this process."""
+        """The request of a run: in the lane's worker processes where there
+        are any (or here, if the lane cannot take it)."""
         lane = self.lane
-        whole = len(buffers) == 1 and first.obj.size == len(buffers[0])
-        if lane is not None and whole and lane.takes(first.obj.size):
+        if lane is not None and lane.takes(sum(len(buffer) for buffer in buffers)):
             with contextlib.suppress(LaneUnavailable):
-                return lane.read_into(first.obj, buffers[0])
+                return lane.read_into(first.obj, offset, buffers)
         return self.store.read_into_views(first.obj.key, offset, buffers, etag=first.obj.etag)
 
     def _complete(self, flight: _Flight, data: BlockData) -> None:

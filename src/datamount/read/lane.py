@@ -1,25 +1,28 @@
-"""The mount's small-file lane in worker processes (DATAMOUNT_MOUNT_PROCESSES):
-N processes (read/laneworker.py), each with its own store, connection pool
-and GIL, fetch whole small files; the daemon keeps everything else (the FUSE
-callbacks, the caches, prefetch, single flight, the budget).
+"""The mount's fetch lane in worker processes (DATAMOUNT_MOUNT_PROCESSES): N
+processes (read/laneworker.py), each with its own store, connection pool and
+GIL, make the block fetcher's requests — a whole small file, or a run of
+consecutive blocks of a bigger one — and write their disk-tier block files;
+the daemon keeps everything else (the FUSE callbacks, the caches, prefetch,
+single flight, the budget, random part reads).
 
 Why: of a cold small file read through the mount, its GET (request, signing,
 TLS records) held the daemon's GIL about half of the ~0.4-0.5 ms it held it
-in all (py-spy --gil, 2,000 x 256 KiB, 8 reader threads), and one GIL is what
-bounds one daemon on a node with many cores (README, The daemon and the GIL).
+in all, and of a cold sequential read the requests and the disk writer held
+it about half of its ~0.5 s per GiB (py-spy --gil); one GIL is what bounds
+one daemon on a node with many cores (README, The daemon and the GIL).
 
-- `read_into(obj, buffer)` is a blocking call of a fetch thread (the
-  BlockFetcher's, for a block that is a whole file of at most `slab_size`
-  bytes): it takes a free slab of one shared memory map, sends the task to
-  the slab's worker, waits, and copies the slab into `buffer` (numpy,
-  without the GIL). Each worker has `threads` slabs, so never more tasks
-  than fetch threads.
-- With the disk tier on, the worker also writes the file's block file
+- `read_into(obj, offset, buffers)` is a blocking call of a fetch thread (the
+  BlockFetcher's, for a request of at most `slab_size` bytes: one block, or
+  `run_blocks` of them): it takes a free slab of one shared memory map, sends
+  the task to the slab's worker, waits, and copies the slab into the
+  blocks' buffers (numpy, without the GIL). Each worker has `threads` slabs,
+  so never more tasks than fetch threads.
+- With the disk tier on, the worker also writes each block's file
   (blockfile.BlockFiles: whole under its final name or not at all) into
   room the DiskCache reserved for it (`write_elsewhere`), and the block is
   indexed before the call returns: the fetcher's cache put then finds it on
-  disk and queues no write (the write was the other half of the GIL the
-  daemon held per file).
+  disk and queues no write (a block the disk had no room for is queued by
+  that put as usual).
 - The shared memory is a file in /dev/shm (the temp folder where there is
   none), unlinked once every worker has mapped it: nothing is left behind,
   whatever ends the daemon.
@@ -81,7 +84,7 @@ class _Call:
     event: threading.Event = field(default_factory=threading.Event)
     got: int = 0
     error: tuple[str, str, bool, int | None, int | None] | None = None
-    file_size: int = 0  # of the block file its worker wrote (0: none)
+    file_sizes: tuple[int, ...] = ()  # of each block file its worker wrote (0: none)
     lost: bool = False  # its worker died before answering (it is sent again)
 
 
@@ -102,12 +105,17 @@ class MountLane:
         recipe: Any,
         processes: int,
         threads: int,
-        slab_size: int,
+        block_size: int,
         disk: DiskCache | None = None,
+        *,
+        run_blocks: int = 1,
     ) -> None:
-        if processes < 1 or threads < 1 or slab_size < 1:
-            raise ValueError("need processes, threads and slab_size >= 1")
-        self.slab_size = slab_size
+        """`run_blocks`: the most blocks of `block_size` bytes one request
+        takes (each slab holds that many)."""
+        if processes < 1 or threads < 1 or block_size < 1 or run_blocks < 1:
+            raise ValueError("need processes, threads, block_size and run_blocks >= 1")
+        self.block_size = block_size
+        slab_size = self.slab_size = block_size * run_blocks
         self.disk = disk
         self._cond = threading.Condition(threading.Lock())
         self._seq = 0
@@ -155,26 +163,44 @@ class MountLane:
         return [p.process.pid for p in self.procs]
 
     def takes(self, length: int) -> bool:
-        """A whole file of `length` bytes fits a slab (and a worker runs)."""
+        """A request of `length` bytes fits a slab (and a worker runs)."""
         return 0 < length <= self.slab_size and not self._closed
 
-    def read_into(self, obj: ObjectId, buffer: memoryview) -> int:
-        """`store.read_into` of the whole file `obj` (pinned to its etag), in a
-        worker process (which also writes its block file, see above);
+    def read_into(self, obj: ObjectId, offset: int, buffers: list[memoryview]) -> int:
+        """`store.read_into_views` of `obj` (pinned to its etag) from `offset`,
+        which starts a block, into `buffers`, one per block, in a worker process
+        (which also writes their block files, see above): the bytes read.
         LaneUnavailable when no worker can take it (or its worker died)."""
         disk = self.disk
-        room = disk.write_elsewhere(BlockKey(obj, 0), len(buffer)) if disk is not None else None
+        first = offset // self.block_size
+        rooms = [
+            disk.write_elsewhere(BlockKey(obj, first + i), len(buffer))
+            if disk is not None
+            else None
+            for i, buffer in enumerate(buffers)
+        ]
         call = _Call()
         try:
-            return self._call(obj, buffer, room, call)
+            return self._call(obj, offset, buffers, rooms, call)
         finally:
-            if disk is not None and room is not None:
-                disk.written_elsewhere(*room, call.file_size)
+            if disk is not None:
+                taken = [room for room in rooms if room is not None]
+                sizes = call.file_sizes or (0,) * len(taken)  # the worker's, in that order
+                for room, size in zip(taken, sizes, strict=True):
+                    disk.written_elsewhere(*room, size)
 
     def _call(
-        self, obj: ObjectId, buffer: memoryview, room: tuple[str, int] | None, call: _Call
+        self,
+        obj: ObjectId,
+        offset: int,
+        buffers: list[memoryview],
+        rooms: list[tuple[str, int] | None],
+        call: _Call,
     ) -> int:
-        block = (room[0], obj.store, obj.size) if room is not None else None
+        length = sum(len(buffer) for buffer in buffers)
+        first = offset // self.block_size
+        files = [(first + i, room[0]) for i, room in enumerate(rooms) if room is not None]
+        blocks = (obj.store, obj.size, self.block_size, files) if files else None
         while True:  # a worker that dies with the task: another one reads it
             with self._cond:
                 while True:
@@ -191,7 +217,7 @@ class MountLane:
             try:
                 try:
                     with proc.send_lock:
-                        proc.conn.send((seq, obj.key, 0, len(buffer), obj.etag, slab, block))
+                        proc.conn.send((seq, obj.key, offset, length, obj.etag, slab, blocks))
                 except (OSError, ValueError):  # it died: the collector reports it
                     with self._cond:
                         proc.broken = True
@@ -203,8 +229,13 @@ class MountLane:
                     continue
                 if call.error is not None:
                     raise rebuild(call.error)
-                start = slab * self.slab_size
-                copy_into(buffer[: call.got], self._view[start : start + call.got])
+                pos, end = slab * self.slab_size, slab * self.slab_size + call.got
+                for buffer in buffers:  # a short read fills the first ones only
+                    n = min(len(buffer), end - pos)
+                    if n <= 0:
+                        break
+                    copy_into(buffer[:n], self._view[pos : pos + n])
+                    pos += n
                 return call.got
             finally:
                 with self._cond:
@@ -252,9 +283,9 @@ class MountLane:
             return
         with self._cond:
             calls = [(proc.calls.get(outcome[0]), outcome) for outcome in batch]
-        for call, (_, got, error, file_size) in calls:
+        for call, (_, got, error, file_sizes) in calls:
             if call is not None:
-                call.got, call.error, call.file_size = got, error, file_size
+                call.got, call.error, call.file_sizes = got, error, file_sizes
                 call.event.set()
 
     def _ended(self, proc: _Proc) -> None:

@@ -1,18 +1,21 @@
-"""A worker process of the mount's small-file lane (read/lane.py): it fetches
-whole small files, each into the slab of shared memory the parent named,
-through a store of its own (its own connection pool, its own GIL), and
-reports how many bytes it read. It holds no cache and no file.
+"""A worker process of the mount's fetch lane (read/lane.py): it makes the
+block fetcher's requests (a whole small file, or a run of blocks of a bigger
+one), each into the slab of shared memory the parent named, through a store
+of its own (its own connection pool, its own GIL), writes their block files
+and reports how many bytes it read. It holds no cache and no open file.
 
 Protocol over its one Connection (pickled; secrets cross only here):
-  parent -> worker  first a `LaneSetup`; then one task tuple per file
-                    (seq, key, offset, length, etag, slab, block), `block`
-                    (block file name, store identity, object size) when the
-                    file's block file is to be written into `disk_root`;
+  parent -> worker  first a `LaneSetup`; then one task tuple per request
+                    (seq, key, offset, length, etag, slab, blocks), `blocks`
+                    (store identity, object size, block size, [(block index,
+                    block file name)...]) when block files are to be
+                    written into `disk_root` (blocks of the request; one not
+                    listed is not written);
                     None: finish the tasks received, report them, exit.
   worker -> parent  "ready" once the shared memory is mapped and its store
                     open (else one line saying why, and it exits); then lists of
-                    (seq, bytes read, portable error or None, block file size
-                    or 0 when none was written).
+                    (seq, bytes read, portable error or None, the size of each
+                    listed block's file or 0 where none was written).
 A closed pipe (the parent died) ends the worker at once.
 
 Threads: `threads` fetch threads (the parent never has more of its slabs
@@ -40,7 +43,7 @@ from datamount.transfer.worker import portable
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-Outcome = tuple[int, int, "tuple[str, str, bool, int | None, int | None] | None", int]
+Outcome = tuple[int, int, "tuple[str, str, bool, int | None, int | None] | None", tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -55,22 +58,24 @@ class LaneSetup:
 def _fetch(
     store: Any, files: BlockFiles | None, view: memoryview, slab_size: int, task: tuple[Any, ...]
 ) -> Outcome:
-    seq, key, offset, length, etag, slab, block = task
+    seq, key, offset, length, etag, slab, blocks = task
     try:
         start = slab * slab_size
-        data = view[start : start + length]
-        got = store.read_into(key, offset, data, etag=etag)
+        got = store.read_into(key, offset, view[start : start + length], etag=etag)
     except BaseException as exc:  # reported: the parent raises it for the reader
-        return (seq, 0, portable(exc), 0)
-    size = 0
-    if files is not None and block is not None and got == length:
-        name, store_id, obj_size = block
-        blockkey = BlockKey(ObjectId(store_id, key, etag, obj_size), 0)
-        try:
-            size = files.write(name, encode_header(blockkey, data), data)
-        except OSError:
-            size = 0  # not cached on disk: the parent's put queues it as usual
-    return (seq, got, None, size)
+        return (seq, 0, portable(exc), ())
+    if blocks is None:
+        return (seq, got, None, ())
+    store_id, obj_size, block_size, listed = blocks
+    obj = ObjectId(store_id, key, etag, obj_size)
+    sizes = [0] * len(listed)
+    if files is not None and got == length:
+        for n, (index, name) in enumerate(listed):
+            lo = index * block_size
+            data = view[start + lo - offset : start + min(lo + block_size, obj_size) - offset]
+            with contextlib.suppress(OSError):  # not on disk: the parent's put queues it
+                sizes[n] = files.write(name, encode_header(BlockKey(obj, index), data), data)
+    return (seq, got, None, tuple(sizes))
 
 
 def _report(conn: Connection, results: queue.SimpleQueue[Outcome | None]) -> None:
