@@ -55,6 +55,11 @@ class BenchAzurite(Azurite):
             return {}
         return {"SSL_CERT_FILE": str(self.tls.ca), "REQUESTS_CA_BUNDLE": str(self.tls.ca)}
 
+    @property
+    def pid(self) -> int:
+        """The Azurite node process (0 if not running)."""
+        return 0 if self._proc is None else self._proc.pid
+
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the Azurite node process so far (0 if not running)."""
         proc = self._proc

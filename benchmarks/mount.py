@@ -58,7 +58,7 @@ from pathlib import Path
 import _common as bc
 import _scale
 from _common import MB, Dataset, MiB, measure
-from _gil import GilSample, Sampler
+from _gil import GilSample, Sampler, isolated
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 from transfer import write_workspace
 
@@ -381,7 +381,12 @@ def probe(
     sent0 = bc.azurite_bytes_sent(bench.azurite)
     argv = [PYTHON, HERE, "reader", kind, str(path), *args]
     sampler = Sampler(pid) if pid and bench.opts.gil else contextlib.nullcontext()
-    with sampler:  # py-spy attached before the reader starts, detached after it ended
+    alone = (
+        isolated(pid, [bench.azurite.pid])
+        if pid and bench.opts.isolate
+        else contextlib.nullcontext("")
+    )
+    with alone, sampler:  # py-spy attached before the reader starts, detached after it ended
         run = measure(argv, bench.env(bench.workdir), 120 + (1 << 30) / (5 * MB))
     if isinstance(sampler, Sampler):
         row.gil = sampler.result
@@ -676,6 +681,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--no-gil", dest="gil", action="store_false", help="no py-spy on the daemon (GIL n/a)"
     )
     parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="the daemon alone on the last CPU while each workload runs, the rest elsewhere: "
+        "a GIL share without other processes' preemptions (_gil.isolated)",
+    )
+    parser.add_argument(
         "--datamount-env",
         action="append",
         default=[],
@@ -718,6 +729,10 @@ def main(argv: list[str]) -> int:
           f"work folder {workdir}")  # fmt: skip
     if (load := os.getloadavg()[0]) > 0.5:
         print(f"warning: load average {load:.2f} before start; other processes share the CPUs")
+    if opts.isolate:
+        cpus = sorted(os.sched_getaffinity(0))
+        alone = f"each workload's server alone on CPU {cpus[-1]}, the rest on {cpus[:-1]}"
+        print(f"isolate: {alone if len(cpus) > 1 else 'one CPU, nothing to isolate'}")
     try:
         runs = [measure([DATAMOUNT, "--version"], bench.env(workdir), 60) for _ in range(3)]
         bench.startup = min(r.seconds for r in runs)

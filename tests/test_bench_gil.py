@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -132,3 +136,45 @@ def test_mount_bench_datamount_env_sets_a_variant_back() -> None:
         with pytest.raises(SystemExit) as exit_:
             mount.parse_args(["--datamount-env", bad])
         assert exit_.value.code == 2
+
+
+def _affinities(pid: int) -> dict[int, set[int]]:
+    return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_isolated_puts_the_server_alone_on_the_last_cpu_and_everything_back() -> None:
+    # A "server" with three threads and a child process (a lane worker), and an "other".
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, threading, time\n"
+         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+         "for _ in range(2): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+         "print(child.pid, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = 0
+    try:
+        assert server.stdout is not None
+        child = int(server.stdout.readline())
+        cpus = sorted(os.sched_getaffinity(0))
+        alone, rest = {cpus[-1]}, set(cpus[:-1])
+        assert gil.process_tree(server.pid) == [child]
+        with gil.isolated(server.pid, [other.pid, 0]) as line:
+            assert (
+                line
+                == f"isolated: the daemon alone on CPU {cpus[-1]}, everything else on {sorted(rest)}"
+            )
+            threads = _affinities(server.pid)
+            assert len(threads) == 3 and all(a == alone for a in threads.values())
+            assert os.sched_getaffinity(child) == rest and os.sched_getaffinity(other.pid) == rest
+            assert os.sched_getaffinity(0) == rest  # so a reader started now runs there
+        for pid in (server.pid, child, other.pid, os.getpid()):
+            assert all(a == set(cpus) for a in _affinities(pid).values())
+    finally:
+        for proc in (server, other):
+            proc.kill()
+            proc.wait()
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
