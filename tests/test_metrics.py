@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -99,8 +100,11 @@ def test_status_watch_through_a_pipe_prints_one_line_per_mount_per_refresh(
 ) -> None:
     container.upload_blob("ds/a.bin", os.urandom(1 << 20))
     env, mp = mount_with_metrics(azurite, container, tmp_path, mounts)
+    # SIGINT as at a terminal: a shell without job control starts a background
+    # job (and so this suite, and its children) with SIGINT ignored.
     proc = subprocess.Popen([EXE, "status", "--watch", "0.2"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline() for _ in range(3)]
