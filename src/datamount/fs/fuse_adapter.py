@@ -105,7 +105,7 @@ def set_observer(observe: Callable[[str, float], None] | None) -> None:
 _kept: set[int] = set()
 
 
-def _keep_thread_state() -> None:
+def _keep_thread_state(ident: int) -> None:
     """Keep this libfuse worker thread's Python thread state from one callback
     to the next. A ctypes callback on a thread Python did not start creates a
     thread state (and its first 16 KiB frame stack, one mmap) on entry and
@@ -115,10 +115,8 @@ def _keep_thread_state() -> None:
     on entry and gives it back on return. libfuse keeps its workers for the
     mount's life (max_idle_threads = max_threads), so a kept state is never
     one of an ended thread until the loop stops."""
-    ident = threading.get_ident()
-    if ident not in _kept:
-        _kept.add(ident)
-        ctypes.pythonapi.PyGILState_Ensure()
+    _kept.add(ident)
+    ctypes.pythonapi.PyGILState_Ensure()
 
 
 def _funnel(method: F) -> F:
@@ -128,8 +126,9 @@ def _funnel(method: F) -> F:
 
     @functools.wraps(method)
     def call(self: Any, *args: Any) -> Any:
-        if threading.get_ident() not in _kept:
-            _keep_thread_state()
+        ident = threading.get_ident()
+        if ident not in _kept:  # this thread's first callback
+            _keep_thread_state(ident)
         observe = _observe
         start = time.perf_counter() if observe is not None else 0.0
         try:

@@ -367,7 +367,7 @@ class BlockFetcher:
         try:
             buffers = [block_buffer(flight.size) for flight in flights]
             started = time.monotonic()
-            got = self._read(first, offset, buffers) if length else 0
+            got = self._read(first, offset, length, buffers) if length else 0
             took = time.monotonic() - started
             if got != length:
                 raise StorageError(
@@ -392,11 +392,11 @@ class BlockFetcher:
         for flight, data in zip(flights, datas, strict=True):
             self._complete(flight, data)
 
-    def _read(self, first: BlockKey, offset: int, buffers: list[memoryview]) -> int:
+    def _read(self, first: BlockKey, offset: int, length: int, buffers: list[memoryview]) -> int:
         """The request of a run: in the lane's worker processes where there
         are any (or here, if the lane cannot take it)."""
         lane = self.lane
-        if lane is not None and lane.takes(sum(len(buffer) for buffer in buffers)):
+        if lane is not None and lane.takes(length):
             with contextlib.suppress(LaneUnavailable):
                 return lane.read_into(first.obj, offset, buffers)
         return self.store.read_into_views(first.obj.key, offset, buffers, etag=first.obj.etag)

@@ -173,20 +173,22 @@ class MountLane:
         LaneUnavailable when no worker can take it (or its worker died)."""
         disk = self.disk
         first = offset // self.block_size
-        rooms = [
-            disk.write_elsewhere(BlockKey(obj, first + i), len(buffer))
-            if disk is not None
-            else None
-            for i, buffer in enumerate(buffers)
-        ]
+        # (block index, (file name, bytes reserved)) of each block the disk has room for
+        rooms: list[tuple[int, tuple[str, int]]] = []
+        if disk is not None:
+            for i, buffer in enumerate(buffers, first):
+                room = disk.write_elsewhere(BlockKey(obj, i), len(buffer))
+                if room is not None:
+                    rooms.append((i, room))
+        files = [(i, room[0]) for i, room in rooms]
+        blocks = (obj.store, obj.size, self.block_size, files) if files else None
         call = _Call()
         try:
-            return self._call(obj, offset, buffers, rooms, call)
+            return self._call(obj, offset, buffers, blocks, call)
         finally:
             if disk is not None:
-                taken = [room for room in rooms if room is not None]
-                sizes = call.file_sizes or (0,) * len(taken)  # the worker's, in that order
-                for room, size in zip(taken, sizes, strict=True):
+                sizes = call.file_sizes or (0,) * len(rooms)  # the worker's, in that order
+                for (_, room), size in zip(rooms, sizes, strict=True):
                     disk.written_elsewhere(*room, size)
 
     def _call(
@@ -194,13 +196,10 @@ class MountLane:
         obj: ObjectId,
         offset: int,
         buffers: list[memoryview],
-        rooms: list[tuple[str, int] | None],
+        blocks: tuple[str, int, int, list[tuple[int, str]]] | None,
         call: _Call,
     ) -> int:
         length = sum(len(buffer) for buffer in buffers)
-        first = offset // self.block_size
-        files = [(first + i, room[0]) for i, room in enumerate(rooms) if room is not None]
-        blocks = (obj.store, obj.size, self.block_size, files) if files else None
         while True:  # a worker that dies with the task: another one reads it
             with self._cond:
                 while True:
