@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test lint demo bench bench-deps posix clean system-deps image image-deps image-test
+.PHONY: setup test test-fast docs lint demo bench bench-deps posix clean system-deps image image-deps image-test
 
 setup: system-deps $(STAMP) $(NODE_STAMP)
 
@@ -45,8 +45,19 @@ $(NODE_STAMP): package.json
 	npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
-test: setup
-	$(BIN)/pytest $(PYTEST_ARGS)
+# Everything (CI): the docs site built strictly, then every test tier.
+test: setup docs
+	$(BIN)/pytest --durations=25 $(PYTEST_ARGS)
+
+# The unit tier only: logic, no emulator, no FUSE, no oracle (under a minute).
+test-fast: setup
+	$(BIN)/pytest -m unit -q $(PYTEST_ARGS)
+
+# The docs site (docs/, mkdocs.yml): reference pages generated from the code,
+# then built strictly (a broken link or a page left out of the nav fails).
+docs: setup
+	$(BIN)/python scripts/gendocs.py
+	$(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks scripts
@@ -57,7 +68,8 @@ lint: setup
 demo: setup
 	$(BIN)/python scripts/demo.py
 
-# The POSIX suite (pjdfstest from ../shared/pjdfstest, built with autotools)
+# The POSIX suite (pjdfstest, from the source tree PJDFSTEST_SRC names, built
+# with autotools)
 # from inside an rw_mount and a ro_mount, beside the previous run's figures.
 # Minutes long, nothing asserted: not part of `make test`. POSIX_ARGS: e.g.
 # POSIX_ARGS="--only unlink,rename --modes rw_mount".
@@ -127,4 +139,4 @@ bench-diagnose: setup
 	$(BIN)/python benchmarks/diagnose.py $(DIAGNOSE_ARGS)
 
 clean:
-	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .demo .site

@@ -88,7 +88,7 @@ SDK_DOWNLOAD_TARGET = 2.0
 SDK_UPLOAD_TARGET = 1.5
 RCLONE_SMALL_TARGET = 1.2  # issue 16: the small-file download >= 1.2 x rclone copy
 RSS_TARGET_MIB = 200.0
-# datamount's resume manifest stays in DEST by design (src/datamount/transfer/download.py):
+# datamount's resume manifest stays in DEST by design (src/datamount/transfer/downloader.py):
 # tolerated by the byte check, and reported once in the summary.
 DATAMOUNT_MANIFEST = ".datamount-manifest.jsonl"
 

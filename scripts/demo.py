@@ -18,10 +18,10 @@ sys.path.insert(0, str(REPO / "tests"))  # the test harness's Azurite launcher
 from azure.storage.blob import BlobServiceClient  # noqa: E402
 
 from azurite import KEY, SECOND, SECOND_KEY, Azurite  # noqa: E402
+from datamount.jobspec.job import load_spec  # noqa: E402
 from datamount.mltable import load  # noqa: E402
-from datamount.spec import load_spec  # noqa: E402
 from datamount.storage import open_store  # noqa: E402
-from datamount.workspace import Workspace  # noqa: E402
+from datamount.workspace.datastores import Workspace  # noqa: E402
 
 PORT = 10000
 DATAMOUNT = str(Path(sys.executable).parent / "datamount")

@@ -14,7 +14,7 @@ from typing import Any
 from datamount.storage import ListPage, ObjectInfo, ObjectStore, open_store
 from datamount.storage.location import StorageLocation
 from datamount.storage.retry import RetryPolicy
-from datamount.workspace import Workspace, WorkspaceConfig
+from datamount.workspace.datastores import Workspace, WorkspaceConfig
 
 
 class CountingStore:

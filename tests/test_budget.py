@@ -16,14 +16,14 @@ import pytest
 from datamount.budget import DEMAND, DISK_QUEUE, PREFETCH, UPLOAD, MemoryBudget
 from datamount.mount.stack import build_reader, memory_budget
 from datamount.read.blocks import BlockKey
-from datamount.read.cache.base import NoCache
 from datamount.read.cache.disk import DiskCache
+from datamount.read.cache.protocol import NoCache
 from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.policy import REORDER_SLACK, reorder_slack
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.stats import MountStats
 from datamount.settings import Settings
-from datamount.storage.faults import FaultPlan, FaultyStore, forbidden
+from faults import FaultPlan, FaultyStore, forbidden
 from datamount.storage.memory import MemoryStore
 from datamount.write.writeback import WriteBack, WriteBackOptions, upload_budget
 from test_reader_fakes import GatedStore, object_id, source, wait_for

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datamount.read.blocks import BlockKey, ObjectId
-from datamount.read.cache.memory import MemoryCache
+from datamount.read.cache.ram import MemoryCache
 from datamount.read.stats import MountStats
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from datamount.read.blocks import BlockKey, ObjectId
-from datamount.read.cache.base import BlockCache
 from datamount.read.cache.disk import DiskCache
-from datamount.read.cache.memory import MemoryCache
+from datamount.read.cache.protocol import BlockCache
+from datamount.read.cache.ram import MemoryCache
 from datamount.read.cache.tiered import TieredCache
 
 MB = 1024 * 1024

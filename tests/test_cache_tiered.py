@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from datamount.read.blocks import BlockKey, ObjectId
-from datamount.read.cache.base import NoCache
 from datamount.read.cache.disk import DiskCache
-from datamount.read.cache.memory import MemoryCache
+from datamount.read.cache.protocol import NoCache
+from datamount.read.cache.ram import MemoryCache
 from datamount.read.cache.tiered import TieredCache
 from datamount.read.stats import MountStats
 

@@ -253,7 +253,7 @@ def test_start_up_does_not_load_the_tabular_stack() -> None:
     """MLTable support (numpy, pyarrow, pandas) loads only when an MLTable is
     evaluated: every command's start-up (and a mount daemon's memory) stays small."""
     code = (
-        "import sys, datamount.cli; "
+        "import sys, datamount.cli.main; "
         "print(sorted(m for m in ('numpy', 'pyarrow', 'pandas', 'azure.storage.blob') "
         "if m in sys.modules))"
     )

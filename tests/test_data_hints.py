@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 from datamount.data import FileDataset, RecordDataset, hints
-from datamount.mount.hints import HintServer
+from datamount.mount.hintsocket import HintServer
 from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, wait_for
 
 

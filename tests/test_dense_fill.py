@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from datamount.read.cache.base import NoCache
-from datamount.read.dense import DenseFill
+from datamount.read.cache.protocol import NoCache
+from datamount.read.densefill import DenseFill
 from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.dense import PART_FILL_BYTES, START_SHARE, DensePolicy
 from datamount.read.prefetch.scheduler import Scheduler

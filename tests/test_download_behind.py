@@ -14,7 +14,7 @@ from datamount.errors import StorageError
 from datamount.storage.memory import MemoryStore
 from datamount.transfer import partfile
 from datamount.transfer.behind import Slabs
-from datamount.transfer.download import BEHIND_SLABS_PER_THREAD, Downloader, DownloadOptions
+from datamount.transfer.downloader import BEHIND_SLABS_PER_THREAD, Downloader, DownloadOptions
 
 rng = random.Random(5)
 

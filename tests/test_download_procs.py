@@ -22,7 +22,7 @@ from datamount.errors import AccessDenied, DataError, SettingsError
 from datamount.settings import Settings
 from datamount.storage import ObjectStore
 from datamount.storage.memory import MemoryStore
-from datamount.transfer.download import Downloader, DownloadOptions
+from datamount.transfer.downloader import Downloader, DownloadOptions
 from datamount.transfer.manifest import MANIFEST_NAME
 
 RANGE = 64 * 1024

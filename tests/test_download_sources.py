@@ -14,7 +14,7 @@ import pytest
 from datamount.storage import open_store
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
-from datamount.transfer.download import Downloader, DownloadOptions
+from datamount.transfer.downloader import Downloader, DownloadOptions
 from test_storage_http import QuietServer, Site, make_handler
 
 RANGE = 64 * 1024

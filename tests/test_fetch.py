@@ -15,12 +15,12 @@ import pytest
 
 from datamount.errors import VersionChanged
 from datamount.read.blocks import BlockKey, ObjectId
-from datamount.read.cache.base import NoCache
+from datamount.read.cache.protocol import NoCache
 from datamount.read.fetch import BlockFetcher, _Flight
 from datamount.read.prefetch.scheduler import Scheduler, Ticket
 from datamount.read.reader import BlockReader
 from datamount.read.stats import MountStats
-from datamount.storage.faults import FaultPlan, FaultyStore, forbidden, throttled
+from faults import FaultPlan, FaultyStore, forbidden, throttled
 from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
 from test_reader_fakes import DictCache, GatedStore, object_id, source, wait_for

@@ -20,7 +20,7 @@ from datamount.fs.namespace import Namespace
 from datamount.fs.writable import WritableFS
 from datamount.read.reader import DirectReader
 from datamount.storage.base import ObjectStore
-from datamount.storage.faults import FaultPlan, FaultyStore, forbidden
+from faults import FaultPlan, FaultyStore, forbidden
 from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
 from datamount.write.journal import Leftovers, journal_leftovers

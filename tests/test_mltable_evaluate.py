@@ -14,12 +14,12 @@ from azure.storage.blob import BlobServiceClient, ContainerClient
 
 from azurite import KEY, SECOND, SECOND_KEY, Azurite
 from datamount.errors import DataError
+from datamount.jobspec.uris import parse
 from datamount.mltable import MLTableError, evaluate, load
 from datamount.mltable.evalmode import evaluated_store
 from datamount.mltable.evaluate import locate, sample_mask
 from datamount.storage.location import StorageKind
-from datamount.uris import parse
-from datamount.workspace import AssetVersion, Workspace
+from datamount.workspace.datastores import AssetVersion, Workspace
 from mltable_support import Counts, azurite_workspace, counting_factory
 
 DATA = {

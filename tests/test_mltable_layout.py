@@ -10,7 +10,7 @@ import pytest
 from datamount.errors import DataError
 from datamount.mltable import MLTableError, eval_relative_path, evaluate, load
 from datamount.storage.location import StorageKind, StorageLocation
-from datamount.workspace import Workspace
+from datamount.workspace.datastores import Workspace
 from mltable_support import Counts, counting_factory, http_folder
 
 CSV = b"x\n1\n"

@@ -14,7 +14,7 @@ from azure.storage.blob import ContainerClient
 from azurite import Azurite
 from datamount.errors import WorkspaceError
 from datamount.mltable import load
-from datamount.workspace import Workspace
+from datamount.workspace.datastores import Workspace
 from mltable_support import azurite_workspace
 
 MLTABLE = b"paths:\n  - file: ./a.csv\ntransformations:\n  - read_delimited: {}\n"

@@ -19,7 +19,7 @@ from azure.storage.blob import ContainerClient
 from azurite import Azurite
 from datamount.errors import DataError
 from datamount.mltable import load
-from datamount.workspace import Workspace
+from datamount.workspace.datastores import Workspace
 from mltable_support import Counts, azurite_workspace, counting_factory
 
 PARTS = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from datamount.data import hint
 from datamount.mount.control import state_file
-from datamount.read.prefetch.files import FolderOrder
+from datamount.read.prefetch.fileahead import FolderOrder
 from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, wait_for
 
 N = 80

@@ -1,5 +1,5 @@
 """The mount's fetch lane in worker processes (DATAMOUNT_MOUNT_PROCESSES,
-read/lane.py) against real Azurite, through a FaultProxy that sees every
+read/fetchlane.py) against real Azurite, through a FaultProxy that sees every
 process's requests: bytes equal, one GET per file or run of blocks, the block
 files the workers write are the disk tier's (indexed, verified when read back;
 a block the disk has no room for is not written), errors keep their class, a
@@ -27,10 +27,10 @@ from azurite import Azurite
 from conftest import seeded_stores
 from datamount.errors import ObjectNotFound, SettingsError, VersionChanged
 from datamount.read.blocks import BlockKey, ObjectId
-from datamount.read.cache.base import NoCache
 from datamount.read.cache.disk import DiskCache
+from datamount.read.cache.protocol import NoCache
 from datamount.read.fetch import BlockFetcher, block_buffer
-from datamount.read.lane import LaneUnavailable, MountLane
+from datamount.read.fetchlane import LaneUnavailable, MountLane
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.stats import MountStats
 from datamount.settings import Settings

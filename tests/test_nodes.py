@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from azurite import Azurite, AzuriteMissing
-from datamount.modes.transfer import Shard
+from datamount.modes.download import Shard
 from faultproxy import FaultProxy, _Head
 from fuse_helpers import EXE, Mounts, tracked_mounts
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from datamount.context import Context, validate
+from datamount.cli import assets
 from datamount.errors import InvalidInput, SpecError
-from datamount.pipeline import commands
-from datamount.pipeline.graph import parse_pipeline
+from datamount.jobspec.graph import parse_pipeline
+from datamount.modes.context import Context, validate
 from datamount.settings import Settings
 from test_spec_oracle import _header, no_network  # noqa: F401  (the fixture)
 
@@ -47,11 +47,11 @@ def verdict(path: Path, tmp_path: Path) -> str:
     )
     ctx = Context(settings, environ, tmp_path)
     try:
-        kind = commands.file_kind(path)
+        kind = assets.file_kind(path)
         if kind == "job":
             validate(ctx, path)
         else:
-            commands.validate_file(ctx, path, kind)
+            assets.validate_file(ctx, path, kind)
     except InvalidInput:
         return "reject"
     return "accept"
@@ -76,15 +76,15 @@ def test_the_kinds_are_named_in_the_message(tmp_path: Path) -> None:
     settings = Settings.from_env({}, cache_dir=str(tmp_path / "c"), log_dir=str(tmp_path / "l"))
     ctx = Context(settings, {}, tmp_path)
     kinds = {p.name: p for p in KINDS}
-    line = commands.validate_file(ctx, kinds["data-ok.yaml"], "data")
+    line = assets.validate_file(ctx, kinds["data-ok.yaml"], "data")
     assert "valid (data asset mydata:1, uri_folder" in line
-    assert "command component prep" in commands.validate_file(
+    assert "command component prep" in assets.validate_file(
         ctx, kinds["component-ok.yaml"], "component"
     )
-    line = commands.validate_file(ctx, kinds["pipeline-ok.yaml"], "pipeline")
+    line = assets.validate_file(ctx, kinds["pipeline-ok.yaml"], "pipeline")
     assert "valid (pipeline job, 2 steps: prep, a;" in line
     with pytest.raises(SpecError, match="sweep jobs are not supported"):
-        commands.validate_file(ctx, kinds["sweep-job.yaml"], "sweep")
+        assets.validate_file(ctx, kinds["sweep-job.yaml"], "sweep")
 
 
 def cmd(inputs: dict | None = None, outputs: dict | None = None) -> dict:
@@ -192,22 +192,22 @@ def test_registry_and_workspace_components_are_looked_up(tmp_path: Path) -> None
     }))  # fmt: skip
     settings = Settings.from_env({}, cache_dir=str(tmp_path / "c"), log_dir=str(tmp_path / "l"))
     path = kinds["pipeline-registry-component.yaml"]
-    bare = commands.validate_file(Context(settings, {}, tmp_path), path, "pipeline")
+    bare = assets.validate_file(Context(settings, {}, tmp_path), path, "pipeline")
     assert "workspace not checked" in bare and "components not checked: a, b" in bare
     ctx = Context(settings, {}, tmp_path, str(ws))
-    assert "components not checked" not in commands.validate_file(ctx, path, "pipeline")
+    assert "components not checked" not in assets.validate_file(ctx, path, "pipeline")
     data = yaml.safe_load(path.read_text())
     data["jobs"]["c"] = {"component": "azureml:local@latest", "inputs": {"raw": out("b", "out")}}
     workspace = ctx.load_workspace(required=True)
     assert workspace is not None
-    pipeline, _ = commands.check_pipeline(ctx, path, workspace, data=data)
+    pipeline, _ = assets.check_pipeline(ctx, path, workspace, data=data)
     steps = pipeline.steps
     assert steps["a"].definition["command"] == prep["command"] and steps["a"].base == tmp_path
     assert steps["b"].definition["command"].startswith("echo two")  # labels/latest: version 2
     assert steps["c"].definition["command"] == "echo 3"
     data["jobs"]["d"] = {"component": "azureml://registries/other/components/prep/versions/1"}
     with pytest.raises(InvalidInput, match="registry 'other' is not in the workspace's registries"):
-        commands.check_pipeline(ctx, path, workspace, data=data)
+        assets.check_pipeline(ctx, path, workspace, data=data)
     data["jobs"]["d"] = {"component": "azureml://registries/shared/components/prep/versions/9"}
     with pytest.raises(InvalidInput, match=r"no version '9' in registry shared \(versions: 1, 2\)"):
-        commands.check_pipeline(ctx, path, workspace, data=data)
+        assets.check_pipeline(ctx, path, workspace, data=data)

@@ -1,4 +1,4 @@
-"""The file-ahead structures of read/prefetch/files.py against the plain
+"""The file-ahead structures of read/prefetch/fileahead.py against the plain
 versions they replaced (kept here as the reference): on random sequences of
 opens, hints, sizes and refusals, every answer and every state is the same,
 so the O(1)-per-open bookkeeping fetches exactly what the O(window) one did."""
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from datamount.read.prefetch.files import DENSITY, MIN_STREAK, TOLERANCE, AheadPlan, FolderOrder
+from datamount.read.prefetch.fileahead import DENSITY, MIN_STREAK, TOLERANCE, AheadPlan, FolderOrder
 
 
 @dataclass

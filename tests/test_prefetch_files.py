@@ -14,9 +14,9 @@ from datamount.fs.namespace import Namespace
 from datamount.fs.ops import ReadOnlyFS
 from datamount.mount.stack import MountReader, file_ahead
 from datamount.read.ahead import FileAhead
-from datamount.read.cache.memory import MemoryCache
+from datamount.read.cache.ram import MemoryCache
 from datamount.read.fetch import BlockFetcher
-from datamount.read.prefetch.files import AheadPlan, FolderOrder
+from datamount.read.prefetch.fileahead import AheadPlan, FolderOrder
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.reader import BlockReader
 from datamount.read.stats import MountStats

@@ -21,7 +21,7 @@ from datamount.fs.staged import StagedView
 from datamount.read.reader import DirectReader, ReadHandle
 from datamount.read.wholefile import WholeFileReader
 from datamount.storage.memory import MemoryStore
-from datamount.transfer.download import DownloadOptions
+from datamount.transfer.downloader import DownloadOptions
 from datamount.write.writeback import WriteBack, WriteBackOptions
 from test_reader_fakes import block_stack, object_id, source
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from datamount.read.blocks import ObjectId
 from datamount.read.reader import DirectReader, Reader, ReadHandle
-from datamount.storage.faults import (
+from faults import (
     FaultPlan,
     FaultyStore,
     connection_reset,

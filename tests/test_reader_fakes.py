@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from datamount.read.blocks import BlockKey, ObjectId
-from datamount.read.cache.base import BlockCache, NoCache
+from datamount.read.cache.protocol import BlockCache, NoCache
 from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.reader import BlockReader

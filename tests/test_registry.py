@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from datamount.errors import WorkspaceError
-from datamount.registry import next_version, register
-from datamount.workspace import Workspace, registry_path
+from datamount.workspace.datastores import Workspace, registry_path
+from datamount.workspace.registry import next_version, register
 
 WS = """\
 # comments and ${VAR}s stay untouched: registration never rewrites this file

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from datamount.errors import AccessDenied
-from datamount.storage.faults import FaultyStore, forbidden, throttled
+from faults import FaultyStore, forbidden, throttled
 from datamount.storage.memory import MemoryStore
 from datamount.storage.replicas import Replica, ReplicaMismatch, ReplicaStore
 from datamount.storage.retry import RetryPolicy

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from datamount.cli import main
-from datamount.context import Context
+from datamount.cli.main import main
 from datamount.errors import SettingsError, SpecError
-from datamount.modes.transfer import Shard
+from datamount.jobspec.job import parse_spec
+from datamount.modes.context import Context
+from datamount.modes.download import Shard
 from datamount.settings import Settings
-from datamount.spec import parse_spec
 from datamount.storage import store_for
 from datamount.storage.replicas import ReplicaStore
 from datamount.storage.retry import RetryPolicy

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from datamount.errors import AccessDenied, ObjectNotFound, StorageError, Throttled
-from datamount.storage.faults import (
+from faults import (
     FaultPlan,
     FaultyStore,
     connection_reset,

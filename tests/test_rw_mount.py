@@ -27,7 +27,7 @@ import pytest
 from conftest import store_on
 from datamount.mount.control import alive, state_file
 from datamount.storage import ObjectStore
-from datamount.transfer.upload import BLOCK_SIZE
+from datamount.transfer.uploader import BLOCK_SIZE
 from faultproxy import FaultProxy
 from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, wait_for
 

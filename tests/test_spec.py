@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from datamount.errors import SpecError
-from datamount.spec import (
+from datamount.jobspec.job import (
     ALLOWED_MODES,
     DataInput,
     DataType,
@@ -15,7 +15,7 @@ from datamount.spec import (
     load_spec,
     parse_spec,
 )
-from datamount.uris import LocationKind
+from datamount.jobspec.uris import LocationKind
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DS = "azureml://datastores/workspaceblobstore/paths/x/"

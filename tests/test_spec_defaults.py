@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from datamount.spec import DataType, LiteralInput, Mode, parse_spec
+from datamount.jobspec.job import DataType, LiteralInput, Mode, parse_spec
 
 DS = "azureml://datastores/workspaceblobstore/paths/x/"
 

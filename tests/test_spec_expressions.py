@@ -5,7 +5,7 @@ validation error naming it."""
 import pytest
 
 from datamount.errors import SpecError
-from datamount.spec import parse_spec
+from datamount.jobspec.job import parse_spec
 
 ALLOWED = "allowed: ${{name}}, ${{output_name}}, ${{default_datastore}}"
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from datamount import runhistory
-from datamount.cli import parse_args
+from datamount.cli.main import parse_args
 from datamount.errors import SpecError, UriError, WorkspaceError
-from datamount.jobenv import command_env
-from datamount.spec import DataType, Mode, parse_spec
+from datamount.jobs.environment import command_env
+from datamount.jobspec.job import DataType, Mode, parse_spec
+from datamount.jobspec.uris import LocationKind, parse
 from datamount.storage.location import StorageKind
-from datamount.uris import LocationKind, parse
-from datamount.workspace import Workspace
+from datamount.workspace import runhistory
+from datamount.workspace.datastores import Workspace
 
 MODELS = ("mlflow_model", "custom_model", "triton_model")
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from datamount.context import Context, validate
 from datamount.errors import InvalidInput
+from datamount.modes.context import Context, validate
 from datamount.settings import Settings
 
 SPECS = Path(__file__).resolve().parent / "specs"

@@ -10,7 +10,7 @@ import signal
 import time
 from pathlib import Path
 
-from datamount.mount import status
+from datamount.cli import status
 from datamount.mount.control import alive
 from fuse_helpers import Mounts, datamount, mount_env, spec_file, wait_for
 

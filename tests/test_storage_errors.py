@@ -29,7 +29,7 @@ from datamount.errors import (
     StorageError,
     VersionChanged,
 )
-from datamount.storage.errors import error_for_status, map_error, parse_retry_after, translate
+from datamount.storage.errormap import error_for_status, map_error, parse_retry_after, translate
 
 SECRET_URL = "https://acct.blob.core.windows.net/c/b?sv=2021&sig=TOPSECRET%3D"
 
@@ -134,7 +134,7 @@ def test_the_table_needs_no_http_library_loaded() -> None:
     code = textwrap.dedent(
         """
         import errno, http.client, sys
-        from datamount.storage.errors import map_error, translate
+        from datamount.storage.errormap import map_error, translate
         assert map_error(ConnectionRefusedError(), op="read", key="k").transient
         short = map_error(http.client.IncompleteRead(b"", 3), op="read", key="k")
         assert "body cut short" in str(short) and short.transient

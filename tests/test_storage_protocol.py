@@ -33,7 +33,7 @@ from datamount.storage import base as storage_base
 from datamount.storage.azure_blob import AzureBlobStore
 from datamount.storage.base import STREAM_RANGE, ListPage, ReadOnlyStore
 from datamount.storage.credentials import Credential
-from datamount.storage.faults import FaultyStore
+from faults import FaultyStore
 from datamount.storage.filelist import FileListStore, ListedFile
 from datamount.storage.http import HttpStore
 from datamount.storage.local import LocalStore

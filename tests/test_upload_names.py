@@ -18,7 +18,7 @@ import yaml
 
 from datamount.storage.memory import MemoryStore
 from datamount.transfer.source import UnsafeName, safe_relative
-from datamount.transfer.upload import BadName, Uploader, UploadOptions
+from datamount.transfer.uploader import BadName, Uploader, UploadOptions
 from fuse_helpers import datamount, mount_env
 
 DEST = "azureml://datastores/store/paths/up/"

@@ -4,7 +4,7 @@ ones raise UriError naming the input."""
 import pytest
 
 from datamount.errors import UriError
-from datamount.uris import Location, LocationKind, parse
+from datamount.jobspec.uris import Location, LocationKind, parse
 
 K = LocationKind
 

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from datamount.errors import WorkspaceError
+from datamount.jobspec.uris import parse
 from datamount.storage.credentials import CredentialKind
 from datamount.storage.location import StorageKind
-from datamount.uris import parse
-from datamount.workspace import Workspace, find_workspace, version_key
+from datamount.workspace.datastores import Workspace, find_workspace, version_key
 
 KEY = "c2VjcmV0LWtleS1mb3ItdGVzdHM="
 SAS = "sv=2024-05-04&ss=b&sig=AbCdEf%2Bsecret"

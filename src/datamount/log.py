@@ -1,4 +1,5 @@
-"""Log setup: the activity log and the runtime log, both with secrets masked.
+"""Log setup: the activity log and the runtime log, both with secrets masked,
+and `Secret`, the string type that prints as '***'.
 
 One job: route the stdlib loggers into two files of one folder.
 
@@ -29,8 +30,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from datamount.storage.credentials import Secret
-
 CAPABILITY_LOG = "data-capability.log"
 RUNTIME_LOG = "datamount-runtime.log"
 ROOT_LOGGER = "datamount"
@@ -50,6 +49,32 @@ _lock = threading.Lock()
 _secrets: set[str] = set()
 _secret_re: re.Pattern[str] | None = None
 _handlers: list[tuple[logging.Logger, logging.Handler]] = []
+
+
+class Secret:
+    """A string that prints as '***'. Call `reveal()` only at the SDK boundary."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
 
 
 def register_secret(value: str | Secret) -> None:

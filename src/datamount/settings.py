@@ -319,7 +319,7 @@ class Settings(BaseModel):
     # (transfer.lane), each with its own connection pool and GIL; 1: in-process.
     download_processes: Threads = Field(1, alias="DATAMOUNT_DOWNLOAD_PROCESSES")
     # > 1: a ro_mount's block fetches (whole small files, blocks, runs of blocks)
-    # are made by that many worker processes (read/lane.py), each with its own
+    # are made by that many worker processes (read/fetchlane.py), each with its own
     # connection pool and GIL; 1: in the daemon.
     mount_processes: Threads = Field(1, alias="DATAMOUNT_MOUNT_PROCESSES")
 

@@ -27,7 +27,7 @@ from datamount.mltable.evaluate import Stores, locate
 from datamount.mltable.layout import EvalFile
 from datamount.mltable.model import ReadDelimited, ReadJsonLines, ReadParquet, Step, parse_mltable
 from datamount.mltable.tabular import TabularMLTable, default_store_factory, load
-from datamount.workspace import Workspace
+from datamount.workspace.datastores import Workspace
 
 Record = dict[str, Any]
 

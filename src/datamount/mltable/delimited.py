@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from datamount.errors import StorageError
-from datamount.mltable import convert, rows
+from datamount.mltable import convert, rowshape
 from datamount.mltable.layout import EvalFile
 from datamount.mltable.model import CODECS, ReadDelimited
 from datamount.mltable.readers import Chunk, StoreFile, StoreOf, fail, open_file, with_path
@@ -157,17 +157,17 @@ def _csv_by_lines(
         shape, first_read = _Shape(opts, parse, encoding, no_header), read
         try:
             table, block, read, wide = shape.parse(block, read, convert_opts, columns)
-            joined = b'"' in block and rows.joined(table, block, read)
+            joined = b'"' in block and rowshape.joined(table, block, read)
         except pa.ArrowInvalid:
             if b'"' not in block:
                 raise
             joined = True  # e.g. a quote left open on the block's last line
         if joined:  # without support_multi_line a newline always ends a row
-            block = rows.literal_open_quotes(block, opts.delimiter.encode(encoding))
+            block = rowshape.literal_open_quotes(block, opts.delimiter.encode(encoding))
             table, block, read, wide = shape.parse(block, first_read, convert_opts, columns)
         columns = columns or wide
         if opts.infer_column_types and b"+" in block:  # `+2`: Arrow infers float
-            table = rows.plus_ints(table, _as_text(block, read, parse, opts))
+            table = rowshape.plus_ints(table, _as_text(block, read, parse, opts))
         if columns is None:
             columns = (
                 [f"Column{i + 1}" for i in range(table.num_columns)]
@@ -185,7 +185,7 @@ def _csv_by_lines(
 
 class _Shape:
     """Parses one block of whole lines, padding short rows and widening long
-    ones as Azure ML reads them (rows.py)."""
+    ones as Azure ML reads them (rowshape.py)."""
 
     def __init__(self, opts: ReadDelimited, parse: Any, encoding: str, no_header: bool) -> None:
         self.opts, self.parse_opts, self.encoding, self.no_header = opts, parse, encoding, no_header
@@ -208,11 +208,11 @@ class _Shape:
         # A short row: padded with nulls; a long row: its extra fields as
         # Column<n> columns (nulls in the other rows), as Azure ML reads them.
         base = columns or _first_line_names(block, self.encoding, parse, self.no_header)
-        block, width = rows.pad_rows(block, CODECS[opts.encoding], opts.delimiter, len(base))
+        block, width = rowshape.pad_rows(block, CODECS[opts.encoding], opts.delimiter, len(base))
         wide = None
         if width > len(base):
             header_here = columns is None and not self.no_header
-            names_now = rows.wide_names(base, width)
+            names_now = rowshape.wide_names(base, width)
             read = pacsv.ReadOptions(
                 use_threads=False, encoding=self.encoding, block_size=len(block) + 1,
                 column_names=names_now, skip_rows=read.skip_rows + header_here,
@@ -228,7 +228,7 @@ class _Shape:
 
 
 def _as_text(block: bytes, read: Any, parse: Any, opts: ReadDelimited) -> Any:
-    """Reads `block`'s columns `names` as text (rows.plus_ints)."""
+    """Reads `block`'s columns `names` as text (rowshape.plus_ints)."""
 
     def as_text(names: list[str]) -> Any:
         convert_opts = _convert_options(opts, dict.fromkeys(names, pa.string()))

@@ -26,7 +26,7 @@ from datamount.mltable.evaluate import MLTABLE_FILE, StoreFactory, Stores, evalu
 from datamount.mltable.layout import EvalFile
 from datamount.storage.filelist import FileListStore, ListedFile
 from datamount.storage.location import StorageLocation
-from datamount.workspace import Workspace
+from datamount.workspace.datastores import Workspace
 
 log = logging.getLogger("datamount.evalmode")
 

@@ -25,13 +25,13 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from datamount.errors import DataError, ObjectNotFound, StorageError, UriError, WorkspaceError
+from datamount.jobspec.uris import LocationKind, parse
 from datamount.mltable import patterns
 from datamount.mltable.layout import EvalFile, check_layout, eval_mltable_text, eval_relative_path
 from datamount.mltable.model import MLTable, MLTableError, PathEntry, Step, parse_mltable
 from datamount.storage import ObjectStore
 from datamount.storage.location import StorageKind, StorageLocation
-from datamount.uris import LocationKind, parse
-from datamount.workspace import Workspace
+from datamount.workspace.datastores import Workspace
 
 StoreFactory = Callable[[StorageLocation], ObjectStore]
 # The workspace, asked for only when a path needs it (a local path never does:

@@ -25,10 +25,10 @@ from typing import Any
 from fsspec.spec import AbstractFileSystem
 
 from datamount.errors import InvalidInput
+from datamount.jobspec.uris import LocationKind, parse
 from datamount.mltable.wsarg import WorkspaceArg, workspace_from
 from datamount.storage.credentials import CredentialKind
 from datamount.storage.location import StorageLocation
-from datamount.uris import LocationKind, parse
 
 PREFIX = "datastores/"
 

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from datamount.workspace import Workspace, find_workspace
+from datamount.workspace.datastores import Workspace, find_workspace
 
 WorkspaceArg = Workspace | str | os.PathLike[str] | None
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from datamount.context import Context
 from datamount.errors import DataError, SpecError
+from datamount.jobspec.job import DataInput, JobSpec, Mode
+from datamount.modes.context import Context
 from datamount.mount.table import mount_key
-from datamount.spec import DataInput, JobSpec, Mode
 from datamount.transfer.progress import Progress
 
 
@@ -72,12 +72,12 @@ class _Direct:
 
 
 def _table() -> dict[Mode, Handler]:
-    from datamount.modes import mounts, transfer, upload
+    from datamount.modes import download, mounts, upload
 
     mount = mounts.MountHandler()
     return {
-        Mode.DOWNLOAD: transfer.DownloadHandler(evaluated=False),
-        Mode.EVAL_DOWNLOAD: transfer.DownloadHandler(evaluated=True),
+        Mode.DOWNLOAD: download.DownloadHandler(evaluated=False),
+        Mode.EVAL_DOWNLOAD: download.DownloadHandler(evaluated=True),
         Mode.RO_MOUNT: mount,
         Mode.EVAL_MOUNT: mount,
         Mode.RW_MOUNT: mount,
@@ -119,7 +119,7 @@ def finish(
 ) -> str:
     """Undo what `prepare` left at `folder`: upload an upload output (registering
     its asset unless `register` is False), or drain and unmount a mount."""
-    from datamount.mount.outputs import read_record  # `download` starts faster without it
+    from datamount.modes.upload_records import read_record  # `download` starts faster without it
 
     folder = Path(mount_key(folder))
     recorded = read_record(ctx.settings.cache_dir, folder) is not None

@@ -20,7 +20,6 @@ import logging
 import sys
 from pathlib import Path
 
-from datamount.context import Context
 from datamount.errors import (
     DataError,
     ObjectNotFound,
@@ -29,12 +28,13 @@ from datamount.errors import (
     StorageError,
     UriError,
 )
+from datamount.jobspec.job import DataInput, DataType, JobSpec, Mode
 from datamount.log import RUNTIME_LOG, activity
 from datamount.modes import How
+from datamount.modes.context import Context
 from datamount.mount import control
 from datamount.mount.plan import EvalFile, MountPlan
 from datamount.mount.stack import RW_ATTRIBUTE_TTL_MS, staging_folder
-from datamount.spec import DataInput, DataType, JobSpec, Mode
 from datamount.storage import ObjectStore
 from datamount.storage.base import ListPage
 from datamount.storage.location import StorageKind, StorageLocation

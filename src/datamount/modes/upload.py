@@ -14,8 +14,6 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from datamount import registry
-from datamount.context import Context, Target
 from datamount.errors import (
     InvalidInput,
     ObjectNotFound,
@@ -24,14 +22,15 @@ from datamount.errors import (
     StorageError,
     UriError,
 )
+from datamount.jobspec.job import DataInput, DataType, JobSpec
 from datamount.log import activity
-from datamount.modes import How
-from datamount.modes.transfer import upload_target
-from datamount.mount import outputs
-from datamount.spec import DataInput, DataType, JobSpec
+from datamount.modes import How, upload_records
+from datamount.modes.context import Context, Target
+from datamount.modes.download import upload_target
 from datamount.storage.location import StorageKind, StorageLocation
-from datamount.transfer.upload import BadName
-from datamount.workspace import Workspace
+from datamount.transfer.uploader import BadName
+from datamount.workspace import registry
+from datamount.workspace.datastores import Workspace
 
 log = logging.getLogger("datamount.app")
 
@@ -54,7 +53,7 @@ class UploadHandler:
         if entry.type is DataType.URI_FILE:
             file_name = location.key.rstrip("/").rpartition("/")[2] or entry.name
         workspace = ctx.workspace()
-        record = outputs.UploadOutput(
+        record = upload_records.UploadOutput(
             mountpoint=str(folder),
             spec=str(spec.source.resolve()),
             output=entry.name,
@@ -62,14 +61,14 @@ class UploadHandler:
             file_name=file_name,
             run_name=ctx.run_name,
         )
-        path = outputs.prepare(ctx.settings.cache_dir, record)
+        path = upload_records.prepare(ctx.settings.cache_dir, record)
         log.info(
             "outputs.%s: upload mode, local folder %s -> %s", entry.name, folder, location.uri()
         )
         return path
 
     def finish(self, ctx: Context, folder: Path, *, timeout: float | None, register: bool) -> str:
-        with outputs.claimed(ctx.settings.cache_dir, folder) as record:
+        with upload_records.claimed(ctx.settings.cache_dir, folder) as record:
             if record is None:
                 return "already uploaded (by another unmount)"
             with activity("unmount", mountpoint=folder, mode="upload"):
@@ -93,7 +92,7 @@ def _check_destination(ctx: Context, location: StorageLocation, label: str) -> N
         store.close()
 
 
-def _finish(ctx: Context, record: outputs.UploadOutput, *, register: bool) -> str:
+def _finish(ctx: Context, record: upload_records.UploadOutput, *, register: bool) -> str:
     """Upload what the job wrote, register the asset (unless `register` is
     False), empty the local folder."""
     if record.workspace and not ctx.workspace_flag:
@@ -101,9 +100,9 @@ def _finish(ctx: Context, record: outputs.UploadOutput, *, register: bool) -> st
     ctx = dataclasses.replace(ctx, run_name=record.run_name)
     spec = ctx.load_spec(Path(record.spec))
     entry = spec.entry(record.output)
-    src = outputs.source(record)
+    src = upload_records.source(record)
     if not Path(record.mountpoint).is_dir():
-        outputs.finish(ctx.settings.cache_dir, record)
+        upload_records.finish(ctx.settings.cache_dir, record)
         raise OutputError(
             f"outputs.{entry.name}: the local folder {record.mountpoint} is gone: nothing "
             "left to upload (its record is removed)"
@@ -117,7 +116,7 @@ def _finish(ctx: Context, record: outputs.UploadOutput, *, register: bool) -> st
     except BadName as exc:  # the folder and its record stay: rename, then unmount again
         raise OutputError(f"outputs.{entry.name}: {exc}") from None
     registered = register_output(ctx, spec, entry) if register else None
-    outputs.finish(ctx.settings.cache_dir, record)
+    upload_records.finish(ctx.settings.cache_dir, record)
     done = f"uploaded {result.files} files ({result.bytes} bytes)"
     return done + (f", registered {registered}" if registered else "")
 

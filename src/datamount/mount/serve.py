@@ -34,7 +34,7 @@ from datamount.log import register_secret, setup_logging, shutdown_logging
 from datamount.mount import control
 from datamount.mount.daemon import DaemonConfig, MountDaemon, limit_malloc_arenas
 from datamount.mount.diagnose import Watch
-from datamount.mount.hints import HintServer
+from datamount.mount.hintsocket import HintServer
 from datamount.mount.plan import MountPlan
 from datamount.mount.stack import Stack, attribute_ttl, build
 

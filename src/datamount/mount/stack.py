@@ -39,13 +39,13 @@ from datamount.fs.ops import ReadOnlyFS
 from datamount.mount.plan import MountPlan
 from datamount.read.ahead import MAX_LISTING, FileAhead
 from datamount.read.blocks import ObjectId
-from datamount.read.cache.base import BlockCache, NoCache
 from datamount.read.cache.disk import DiskCache
-from datamount.read.cache.memory import MemoryCache
+from datamount.read.cache.protocol import BlockCache, NoCache
+from datamount.read.cache.ram import MemoryCache
 from datamount.read.cache.tiered import TieredCache
-from datamount.read.dense import DenseFill
+from datamount.read.densefill import DenseFill
 from datamount.read.fetch import RUN_BYTES, BlockFetcher
-from datamount.read.lane import MountLane
+from datamount.read.fetchlane import MountLane
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.reader import BlockReader, Reader, ReadHandle
 from datamount.read.stats import MountStats
@@ -55,8 +55,8 @@ from datamount.storage import store_for
 from datamount.storage.base import ObjectStore
 from datamount.storage.location import StorageLocation
 from datamount.storage.retry import RetryPolicy
-from datamount.transfer.download import DownloadOptions
-from datamount.transfer.upload import BLOCK_SIZE as UPLOAD_BLOCK_SIZE
+from datamount.transfer.downloader import DownloadOptions
+from datamount.transfer.uploader import BLOCK_SIZE as UPLOAD_BLOCK_SIZE
 
 log = logging.getLogger("datamount.readstack")
 
@@ -170,7 +170,7 @@ def build_reader(
 
 def start_lane(settings: Settings, store: ObjectStore, disk: BlockCache) -> MountLane | None:
     """DATAMOUNT_MOUNT_PROCESSES > 1: the worker processes that make the
-    block fetches (read/lane.py), or None (with the reason in the log)."""
+    block fetches (read/fetchlane.py), or None (with the reason in the log)."""
     processes = settings.mount_processes
     if processes <= 1:
         return None

@@ -6,7 +6,7 @@ cache before the reader opens them, from two sources of "what comes next":
   listing order, and its next files become the plan; the pattern breaking
   drops the plan;
 - a loader's hints: `hint(paths)` (the mount's hint socket,
-  mount/hints.py) queues the files a process will read next, in order; the
+  mount/hintsocket.py) queues the files a process will read next, in order; the
   hints take precedence over the folder order while any are left.
 
 Both feed one AheadPlan: at most `max_files` files and `max_bytes` bytes
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from datamount.read.blocks import BlockKey, ObjectId, block_count
 from datamount.read.cache.held import PREFETCH_SHARE
 from datamount.read.fetch import BlockFetcher
-from datamount.read.prefetch.files import AheadPlan, FolderOrder
+from datamount.read.prefetch.fileahead import AheadPlan, FolderOrder
 from datamount.read.stats import MountStats
 
 log = logging.getLogger("datamount.ahead")

@@ -18,7 +18,7 @@ from storage, fetched at most once at a time.
   fetched together, up to RUN_BYTES per ranged GET, then split into blocks:
   each block still has its own flight (single flight, held and cached per
   block), the blocks of one run share the request and its scheduler ticket.
-  `fill(keys)` is the same for a dense fill (read/dense.py), whose blocks go
+  `fill(keys)` is the same for a dense fill (read/densefill.py), whose blocks go
   to the cache and give their budget back instead of being held until read.
 - Memory budget: the PREFETCH area of the mount's MemoryBudget (budget.py),
   shared by every open file of the mount, bounds the bytes this fetcher
@@ -53,10 +53,10 @@ from functools import partial
 from datamount.budget import DEMAND, PREFETCH, MemoryBudget
 from datamount.errors import StorageError
 from datamount.read.blocks import BlockData, BlockKey, block_span
-from datamount.read.cache.base import BlockCache
 from datamount.read.cache.held import HOLD_SECONDS, HeldBlocks
+from datamount.read.cache.protocol import BlockCache
 from datamount.read.copy import empty
-from datamount.read.lane import LaneUnavailable, MountLane
+from datamount.read.fetchlane import LaneUnavailable, MountLane
 from datamount.read.prefetch.scheduler import Scheduler, SchedulerClosed, Ticket
 from datamount.read.stats import MountStats
 from datamount.storage.base import ObjectStore
@@ -125,7 +125,7 @@ class BlockFetcher:
         """Either `budget`, the mount's shared MemoryBudget (its PREFETCH
         limit is this fetcher's bound), or `memory_budget` bytes in a budget
         of its own. `lane`: worker processes that make the fetches
-        (read/lane.py; without one, or when it cannot, they are made here)."""
+        (read/fetchlane.py; without one, or when it cannot, they are made here)."""
         if (budget is None) == (memory_budget is None):
             raise ValueError("give exactly one of memory_budget and budget")
         if budget is None:
@@ -226,7 +226,7 @@ class BlockFetcher:
         return self._schedule(keys, fill=False)[0]
 
     def fill(self, keys: list[BlockKey]) -> tuple[int, list[Future[BlockData]]]:
-        """`prefetch_many` for a dense fill (read/dense.py): the blocks go
+        """`prefetch_many` for a dense fill (read/densefill.py): the blocks go
         to the cache and give their bytes of the budget back once there,
         instead of being held until read. Returns how many keys are taken
         care of and the futures of the fetches it started."""

@@ -13,7 +13,7 @@ are positional, there is no shared file position.
   its handle's PrefetchPolicy what it read and schedules the blocks the policy
   wants ahead, then waits for its own blocks only and assembles the bytes.
   A read outside a sequential stream is also reported to the mount's
-  DenseFill (read/dense.py), which fills the rest of a file whose random
+  DenseFill (read/densefill.py), which fills the rest of a file whose random
   reads became dense, and grants its misses part reads (read/parts.py:
   only the read's range, rounded out to `part_align` bytes, not cached)
   within the file's sparse bound; a sequential read fetches whole blocks.
@@ -39,7 +39,7 @@ from typing import Protocol
 
 from datamount.read.blocks import BlockData, BlockKey, ObjectId, block_count, blocks_for
 from datamount.read.copy import copy_into
-from datamount.read.dense import DenseFill
+from datamount.read.densefill import DenseFill
 from datamount.read.fetch import BlockFetcher
 from datamount.read.parts import (
     PART_ALIGN,

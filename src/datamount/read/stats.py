@@ -42,7 +42,7 @@ class MountStats:
     files_prefetch_used: int = 0
     files_prefetch_wasted: int = 0
     hinted_files: int = 0
-    # Dense fill (read/dense.py): files whose random reads became dense and
+    # Dense fill (read/densefill.py): files whose random reads became dense and
     # were filled in the background, and the blocks fetched by those fills.
     dense_fills: int = 0
     filled_blocks: int = 0

@@ -46,7 +46,7 @@ from datamount.errors import DatamountError, StorageError, VersionChanged
 from datamount.read.blocks import ObjectId
 from datamount.read.reader import Reader, ReadHandle
 from datamount.storage.base import ListPage, ObjectInfo, ReadableStore, paged_listing
-from datamount.transfer.download import Downloader, DownloadOptions
+from datamount.transfer.downloader import Downloader, DownloadOptions
 from datamount.transfer.partfile import disk_free
 
 log = logging.getLogger("datamount.wholefile")

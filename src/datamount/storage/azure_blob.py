@@ -85,7 +85,7 @@ from datamount.storage.azure_list import (
 )
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, check_range
 from datamount.storage.credentials import Credential, CredentialKind
-from datamount.storage.errors import translate
+from datamount.storage.errormap import translate
 from datamount.storage.location import StorageLocation
 from datamount.storage.retry import RetryPolicy
 

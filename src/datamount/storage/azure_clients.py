@@ -181,11 +181,11 @@ def _create_sdk(shared: Shared) -> SdkClients:
     from azure.core.pipeline.transport import RequestsTransport
     from azure.storage.blob import ContainerClient
 
-    from datamount.storage import tls
+    from datamount.storage import sessions
 
     session = requests.Session()
     # The raw path's TLS context: both paths trust the same CAs.
-    adapter = tls.adapter(
+    adapter = sessions.adapter(
         shared.ca_bundle, pool_connections=4, pool_maxsize=shared.pool_size, max_retries=0
     )
     session.mount("http://", adapter)

@@ -46,7 +46,7 @@ from datamount.errors import StorageError
 from datamount.storage import proxy as proxies
 from datamount.storage import tls
 from datamount.storage.azure_auth import Auth, http_date
-from datamount.storage.errors import error_for_status
+from datamount.storage.errormap import error_for_status
 from datamount.storage.http_response import Response, exchange, host_header, read_body_from_socket
 from datamount.storage.http_response import read_body_into as _fill
 

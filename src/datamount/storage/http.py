@@ -35,9 +35,9 @@ from typing import NoReturn
 import requests
 
 from datamount.errors import ObjectNotFound, ReadOnlyError, StorageError, VersionChanged
-from datamount.storage import tls
+from datamount.storage import sessions
 from datamount.storage.base import ListPage, ObjectInfo, ReadOnlyStore, check_range
-from datamount.storage.errors import error_for_status, translate
+from datamount.storage.errormap import error_for_status, translate
 from datamount.storage.retry import RetryPolicy
 
 CONNECT_TIMEOUT = 10.0
@@ -89,7 +89,7 @@ class HttpStore(ReadOnlyStore):
         if self._own_session:
             # Our RetryPolicy is the only retry layer: urllib3 retries nothing.
             # https trusts what the raw path trusts (storage.tls).
-            adapter = tls.adapter(
+            adapter = sessions.adapter(
                 ca_bundle, pool_connections=4, pool_maxsize=pool_size, max_retries=0
             )
             self.session.mount("http://", adapter)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from datamount.errors import BadRequest, VersionChanged
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, check_range
-from datamount.storage.errors import translate
+from datamount.storage.errormap import translate
 
 HIDDEN = ".datamount."  # temp and part entries; never listed
 MD5_XATTR = "user.datamount.content_md5"

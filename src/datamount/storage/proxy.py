@@ -36,7 +36,7 @@ from urllib.parse import unquote, urlsplit
 
 from datamount.errors import AccessDenied, StorageError
 from datamount.log import register_secret
-from datamount.storage.errors import error_for_status
+from datamount.storage.errormap import error_for_status
 
 PROXY_AUTH = "Proxy-Authorization"
 _TUNNEL_REFUSED = re.compile(r"Tunnel connection failed: (\d{3})\s*(.*)")

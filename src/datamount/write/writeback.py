@@ -54,7 +54,7 @@ from datamount.budget import UPLOAD, MemoryBudget
 from datamount.errors import OutputError, os_error
 from datamount.storage.base import ObjectStore
 from datamount.transfer.progress import Progress
-from datamount.transfer.upload import BLOCK_SIZE, MAX_FILE_SIZE, Uploader, UploadOptions
+from datamount.transfer.uploader import BLOCK_SIZE, MAX_FILE_SIZE, Uploader, UploadOptions
 from datamount.write.journal import (
     ABANDONED,
     CLOSED,

@@ -206,7 +206,7 @@ class DiskCache:
 
     def write_elsewhere(self, key: BlockKey, length: int) -> tuple[str, int] | None:
         """Room for a block of `length` bytes that another process writes into
-        `root` (read/lane.py's workers, with blockfile.BlockFiles): its file
+        `root` (read/fetchlane.py's workers, with blockfile.BlockFiles): its file
         name and the bytes reserved for it, or None (not now: the block comes
         through `put` as usual). Answer with `written_elsewhere`."""
         name = block_name(key)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 
 from datamount.read.blocks import BlockData, BlockKey
-from datamount.read.cache.base import BlockCache
+from datamount.read.cache.protocol import BlockCache
 from datamount.read.stats import MountStats
 
 log = logging.getLogger("datamount.read.cache.tiered")

@@ -3,7 +3,7 @@
 `kind_of(mapping)`: 'pipeline', 'sweep', 'data' (a data asset: the
 data.schema.json `$schema`, or `type` + `path` + `name`), 'component' (the
 commandComponent `$schema`, or a command whose inputs are declared without
-paths) or 'job' (everything else: what spec.py reads). A data asset and a
+paths) or 'job' (everything else: what jobspec/job.py reads). A data asset and a
 component are checked as what they are, each problem one line. Also the
 lookup of a component (`azureml:<name>:<version>` / `@latest`, registered or
 declared in the workspace; `azureml://registries/<r>/components/...`).
@@ -19,12 +19,12 @@ from typing import Any, NoReturn
 
 import yaml
 
-from datamount.catalog import ComponentVersion, pick_version, read_components
 from datamount.errors import InvalidInput, SpecError, WorkspaceError
-from datamount.spec import parse_spec
-from datamount.specliteral import LITERAL_TYPES
-from datamount.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE, parse
-from datamount.workspace import Workspace, registry_path
+from datamount.jobspec.job import parse_spec
+from datamount.jobspec.literals import LITERAL_TYPES
+from datamount.jobspec.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE, parse
+from datamount.workspace.catalog import ComponentVersion, pick_version, read_components
+from datamount.workspace.datastores import Workspace, registry_path
 
 DATA_TYPES = ("uri_file", "uri_folder", "mltable")
 PLACEHOLDER = "azureml://datastores/workspaceblobstore/paths/component-input/"

@@ -47,9 +47,9 @@ from datamount.errors import VersionChanged
 from datamount.storage.base import ReadableStore
 from datamount.transfer import landing
 from datamount.transfer.behind import Slabs
+from datamount.transfer.copyplan import Plan, span_ranges
 from datamount.transfer.durable import GroupSync
 from datamount.transfer.landing import Job, Landing
-from datamount.transfer.lane import OnDemand, ProcessLane, rebuild
 from datamount.transfer.manifest import Manifest
 from datamount.transfer.partfile import (
     Buffers,
@@ -62,7 +62,7 @@ from datamount.transfer.partfile import (
     read_range,
     read_span,
 )
-from datamount.transfer.plan import Plan, span_ranges
+from datamount.transfer.processlane import OnDemand, ProcessLane, rebuild
 from datamount.transfer.progress import Progress, human
 from datamount.transfer.source import SourceFile, folder_pages, single_file
 from datamount.transfer.tasks import Gate, Tasks

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from datamount import jobenv, jobrun
-from datamount.context import Context
+from datamount.cli.assets import prepare_run
 from datamount.errors import EXIT_OK, DatamountError, SettingsError
-from datamount.pipeline.commands import prepare_run
-from datamount.pipeline.runner import PipelineRun
+from datamount.jobs import commandjob, environment
+from datamount.jobs.pipelinejob import PipelineRun
+from datamount.modes.context import Context
 from datamount.settings import Settings
 
 DEFAULT_PARALLEL = 2
@@ -35,7 +35,7 @@ def run_pipeline(
     env = dict(os.environ)
     try:
         parallel = _parallel(env)
-        run = jobrun.run_name(path.stem)
+        run = commandjob.run_name(path.stem)
         settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
         ctx = Context(settings, env, Path.cwd(), args.workspace, run)
         pipeline, jobs = prepare_run(ctx, path)
@@ -43,18 +43,18 @@ def run_pipeline(
         return fail(exc)
     temporary = args.workdir is None
     try:
-        workdir, settings = jobenv.workdir_settings(
+        workdir, settings = environment.workdir_settings(
             args.workdir, run, env, args.cache_dir, args.log_dir
         )
     except DatamountError as exc:
         return fail(exc)
     start_logging(settings, "run")
     ctx = Context(settings, env, Path.cwd(), args.workspace, run)
-    argv = [sys.executable, "-m", "datamount.cli"]
+    argv = [sys.executable, "-m", "datamount.cli.main"]
     if ctx.workspace_path().is_file():
         argv += ["--workspace", str(ctx.workspace_path().resolve())]
     argv += ["--cache-dir", str(settings.cache_dir)]
-    say = jobenv.say
+    say = environment.say
 
     say(f"pipeline {run}: {len(jobs)} steps in {workdir}, up to {parallel} at a time")
     runner = PipelineRun(ctx, pipeline, jobs, workdir, argv=argv, say=say, parallel=parallel)
@@ -74,9 +74,9 @@ def _parallel(env: dict[str, str]) -> int:
 
 
 def _cleanup(workdir: Path, cache_dir: Path, *, keep_logs: bool) -> None:
-    """Each step's folder goes through jobrun.cleanup (never through a mount)."""
+    """Each step's folder goes through commandjob.cleanup (never through a mount)."""
     for child in list(workdir.iterdir()):
         if child.is_dir() and child.name != "system_logs":
-            jobrun.cleanup(child, cache_dir, remove=True, keep_logs=keep_logs)
+            commandjob.cleanup(child, cache_dir, remove=True, keep_logs=keep_logs)
     if not keep_logs:
         shutil.rmtree(workdir, ignore_errors=True)

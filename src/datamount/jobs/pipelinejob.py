@@ -26,12 +26,13 @@ from typing import Any
 
 import yaml
 
-from datamount import jobenv, runhistory
-from datamount.context import Context
 from datamount.errors import EXIT_OK, EXIT_OUTPUTS, DatamountError
-from datamount.pipeline.graph import Pipeline
-from datamount.pipeline.steps import parent_output_path
-from datamount.registry import register
+from datamount.jobs import environment
+from datamount.jobspec.pipeline import Pipeline
+from datamount.jobspec.steps import parent_output_path
+from datamount.modes.context import Context
+from datamount.workspace import runhistory
+from datamount.workspace.registry import register
 
 log = logging.getLogger("datamount.run")
 SKIPPED = -1  # a step that did not run
@@ -150,7 +151,7 @@ class PipelineRun:
                     with contextlib.suppress(ProcessLookupError):
                         child.send_signal(signum)
 
-        with jobenv.handling((signal.SIGTERM, signal.SIGHUP), handle):
+        with environment.handling((signal.SIGTERM, signal.SIGHUP), handle):
             yield
 
     # -- after the steps -----------------------------------------------------------

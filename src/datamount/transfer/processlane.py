@@ -56,7 +56,7 @@ def start_method() -> str:
 
 def fork_context() -> Any:
     """The multiprocessing context worker processes start from (this lane's
-    and the mount's, read/lane.py); pair each start with `use_fork_server`."""
+    and the mount's, read/fetchlane.py); pair each start with `use_fork_server`."""
     import multiprocessing
 
     ctx = multiprocessing.get_context(start_method())
@@ -313,7 +313,7 @@ def spawn_worker(ctx: Any, target: Callable[[Any], None], name: str, setup: Any)
 
 
 def collect(procs: Sequence[Any], receive: Callable[[Any], None]) -> None:
-    """A lane's collector loop (this one's and read/lane.py's): `receive(proc)`
+    """A lane's collector loop (this one's and read/fetchlane.py's): `receive(proc)`
     for each worker whose pipe (`proc.conn`) has a message, until no worker's
     pipe delivers (`proc.open`, which `receive` clears at its end)."""
     from multiprocessing.connection import wait as connection_wait

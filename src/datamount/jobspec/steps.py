@@ -15,17 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from datamount.errors import SpecError
-from datamount.pipeline.graph import (
-    RUNNABLE,
-    Pipeline,
-    Step,
-    absolute,
-    binding_of,
-    output_type,
-)
-from datamount.spec import JobSpec, parse_spec
-from datamount.specliteral import LITERAL_TYPES
-from datamount.spectable import DataType, data_type, default_output_path, expand_output_path
+from datamount.jobspec.graph import output_type
+from datamount.jobspec.job import JobSpec, parse_spec
+from datamount.jobspec.literals import LITERAL_TYPES
+from datamount.jobspec.pipeline import RUNNABLE, Pipeline, Step, absolute, binding_of
+from datamount.jobspec.typemode import DataType, data_type, default_output_path, expand_output_path
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
 DECLARED_KEYS = ("type", "mode", "optional", "description")

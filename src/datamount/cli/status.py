@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from datamount.mount import control, outputs
+from datamount.modes import upload_records
+from datamount.mount import control
 from datamount.mount.table import find_mount
 from datamount.mountinfo import FSTYPE
 
@@ -95,7 +96,7 @@ def collect(cache_dir: Path) -> list[Entry]:
         )
     for path in sorted((cache_dir / "outputs").glob("*.json")):
         try:
-            record = outputs.UploadOutput(**json.loads(path.read_text()))
+            record = upload_records.UploadOutput(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
         found.append(

@@ -11,23 +11,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from datamount import jobrun
-from datamount.context import Context
 from datamount.errors import InvalidInput, SpecError
-from datamount.pipeline import kinds
-from datamount.pipeline.graph import (
-    RUNNABLE,
-    ComponentLookup,
-    Pipeline,
-    load_pipeline,
-    parse_pipeline,
-    read_yaml,
-)
-from datamount.pipeline.steps import check_steps
-from datamount.spec import JobSpec, parse_spec
-from datamount.specliteral import LITERAL_TYPES
-from datamount.spectable import DEFAULT_DATASTORE
-from datamount.workspace import Workspace
+from datamount.jobs import commandjob
+from datamount.jobspec.graph import load_pipeline, parse_pipeline, read_yaml
+from datamount.jobspec.job import JobSpec, parse_spec
+from datamount.jobspec.literals import LITERAL_TYPES
+from datamount.jobspec.pipeline import RUNNABLE, ComponentLookup, Pipeline
+from datamount.jobspec.steps import check_steps
+from datamount.jobspec.typemode import DEFAULT_DATASTORE
+from datamount.modes.context import Context
+from datamount.workspace import kinds
+from datamount.workspace.datastores import Workspace
 
 SWEEP = (
     "sweep jobs are not supported (one node runs no hyperparameter search); "
@@ -36,7 +30,7 @@ SWEEP = (
 
 
 def file_kind(path: Path) -> str:
-    """The kind of the YAML at `path` ('job' when it cannot be read: spec.py says why)."""
+    """The kind of the YAML at `path` ('job' when it cannot be read: jobspec/job.py says why)."""
     try:
         return kinds.kind_of(read_yaml(path, str(path)))
     except InvalidInput:
@@ -118,8 +112,8 @@ def check_pipeline(
 
 def prepare_run(ctx: Context, path: Path) -> tuple[Pipeline, dict[str, dict[str, Any]]]:
     """Everything `run` checks of a pipeline before any step starts: the
-    graph, every step as a job, and each step's data (jobrun.check)."""
-    from datamount.pipeline.steps import all_jobs
+    graph, every step as a job, and each step's data (commandjob.check)."""
+    from datamount.jobspec.steps import all_jobs
 
     workspace = ctx.load_workspace(required=False)
     run = ctx.run_name or path.stem
@@ -136,7 +130,7 @@ def prepare_run(ctx: Context, path: Path) -> tuple[Pipeline, dict[str, dict[str,
         raise SpecError(problems)
     for name, spec in specs.items():
         try:
-            jobrun.check(ctx, spec)
+            commandjob.check(ctx, spec)
         except InvalidInput as exc:
             problems += [f"jobs.{name}: {p}" for p in exc.problems]
     if problems:
@@ -146,9 +140,9 @@ def prepare_run(ctx: Context, path: Path) -> tuple[Pipeline, dict[str, dict[str,
 
 def data_create(ctx: Context, path: Path, version: str | None) -> str:
     """`data create FILE`: register the data asset (a local path uploaded first)."""
-    from datamount.modes import transfer
-    from datamount.registry import register
-    from datamount.uris import LocationKind, parse
+    from datamount.jobspec.uris import LocationKind, parse
+    from datamount.modes import download
+    from datamount.workspace.registry import register
 
     data = read_yaml(path, str(path))
     name, chosen, type_, where = kinds.check_data(data, version)
@@ -163,7 +157,7 @@ def data_create(ctx: Context, path: Path, version: str | None) -> str:
         # version never overwrites the bytes an earlier one points at.
         folder = f"azureml://datastores/{store}/paths/LocalUpload/{uuid.uuid4().hex}/"
         target = folder + local.name if local.is_file() else folder
-        transfer.upload(ctx, local, target)
+        download.upload(ctx, local, target)
     registered = register(
         workspace, name, chosen or None, type_=type_, path=target,
         description=data.get("description"),
@@ -172,7 +166,7 @@ def data_create(ctx: Context, path: Path, version: str | None) -> str:
 
 
 def component_create(ctx: Context, path: Path, version: str | None) -> str:
-    from datamount.registry import register_component
+    from datamount.workspace.registry import register_component
 
     data = read_yaml(path, str(path))
     name = kinds.check_component(data, path)

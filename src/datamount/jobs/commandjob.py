@@ -34,9 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from datamount import jobenv, modes
-from datamount.catalog import kind_of
-from datamount.context import Context, all_entries
+from datamount import modes
 from datamount.errors import (
     EXIT_DATA,
     EXIT_OK,
@@ -46,11 +44,15 @@ from datamount.errors import (
     InvalidInput,
     SpecError,
 )
-from datamount.jobenv import substitute
+from datamount.jobs import environment
+from datamount.jobs.environment import substitute
+from datamount.jobspec.job import DataInput, JobSpec, LiteralInput, Mode
 from datamount.log import activity
+from datamount.modes import upload_records
+from datamount.modes.context import Context, all_entries
 from datamount.modes.upload import register_output
-from datamount.mount import outputs, table
-from datamount.spec import DataInput, JobSpec, LiteralInput, Mode
+from datamount.mount import table
+from datamount.workspace.catalog import kind_of
 
 log = logging.getLogger("datamount.run")
 
@@ -161,11 +163,11 @@ class JobRun:
     def run(self) -> int:
         """The whole run; returns its exit code (the command's own, or
         EXIT_DATA / EXIT_OUTPUTS). A run whose command started is recorded
-        in the run history (jobenv.record_run)."""
+        in the run history (environment.record_run)."""
         code = self._run()
         if self._child is not None:
             try:
-                jobenv.record_run(self.ctx, self.spec, code)
+                environment.record_run(self.ctx, self.spec, code)
             except DatamountError as exc:
                 self.say(f"the run history could not be written: {exc}")
         return code
@@ -272,7 +274,7 @@ class JobRun:
             # tears a job's container down), not holding the mounts busy.
             self._child = subprocess.Popen(
                 ["bash", "-c", command], cwd=cwd,
-                env=jobenv.command_env(self.ctx.environ, values, self.ctx.run_name or ""),
+                env=environment.command_env(self.ctx.environ, values, self.ctx.run_name or ""),
                 start_new_session=True,
             )  # fmt: skip
             code = self._child.wait()
@@ -324,7 +326,7 @@ class JobRun:
             log.warning("run interrupted by signal %d", signum)
             raise KeyboardInterrupt
 
-        with jobenv.handling((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), handle):
+        with environment.handling((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), handle):
             yield
 
     # -- after the command ------------------------------------------------------
@@ -359,9 +361,9 @@ class JobRun:
         for item in self.prepared:
             if item.mountpoint is None or (inputs_only and item.entry.direction == "output"):
                 continue
-            record = outputs.read_record(settings.cache_dir, item.mountpoint)
+            record = upload_records.read_record(settings.cache_dir, item.mountpoint)
             if record is not None:  # an upload output of a job that never ran
-                outputs.finish(settings.cache_dir, record)
+                upload_records.finish(settings.cache_dir, record)
                 continue
             try:
                 modes.finish(self.ctx, item.mountpoint)
@@ -380,7 +382,7 @@ def cleanup(workdir: Path, cache_dir: Path, *, remove: bool, keep_logs: bool) ->
     mounted = [m.mountpoint for m in table.mounts() if m.mountpoint.startswith(root + "/")]
     if mounted:
         return f"kept {workdir}: still mounted there: {', '.join(mounted)}"
-    pending = outputs.pending_under(cache_dir, workdir)
+    pending = upload_records.pending_under(cache_dir, workdir)
     if pending:
         return (
             f"kept {workdir}: outputs not uploaded yet (run `datamount unmount FOLDER` "

@@ -1,4 +1,4 @@
-"""A worker process of the mount's fetch lane (read/lane.py): it makes the
+"""A worker process of the mount's fetch lane (read/fetchlane.py): it makes the
 block fetcher's requests (a whole small file, or a run of blocks of a bigger
 one), each into the slab of shared memory the parent named, through a store
 of its own (its own connection pool, its own GIL), writes their block files
@@ -98,7 +98,7 @@ def _report(conn: Connection, results: queue.SimpleQueue[Outcome | None]) -> Non
 
 
 def main(conn: Connection) -> None:
-    """The worker's entry point (started by read/lane.py, 'forkserver' or
+    """The worker's entry point (started by read/fetchlane.py, 'forkserver' or
     'spawn'): the first message is its LaneSetup. Ctrl-C reaches the whole
     process group: the parent decides (it stops the workers), not the worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

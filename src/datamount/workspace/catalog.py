@@ -6,7 +6,7 @@ components: ...}}`), and the lookup of an `azureml:<name>:<version>` /
 
 A data-typed entry looks among data assets and a model-typed one among
 models; a reference found only in the other section is one clear error
-saying so. Also the reading of the file jobs register versions to (registry.py writes
+saying so. Also the reading of the file jobs register versions to (workspace/registry.py writes
 it). No threads.
 """
 
@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from datamount.errors import WorkspaceError
-from datamount.uris import Location
+from datamount.jobspec.uris import Location
 
 MODEL_TYPE_NAMES = ("mlflow_model", "custom_model", "triton_model")
 

@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from datamount.errors import SpecError, UriError
-from datamount.specliteral import LITERAL_TYPES, LiteralInput, plain_literal, typed_literal
-from datamount.spectable import (
+from datamount.jobspec.literals import LITERAL_TYPES, LiteralInput, plain_literal, typed_literal
+from datamount.jobspec.typemode import (
     ALLOWED_MODES,
     DEFAULT_DATASTORE,
     DEFAULT_MODE,
@@ -35,7 +35,7 @@ from datamount.spectable import (
     replica_locations,
     upload_datastore,
 )
-from datamount.uris import Location, parse
+from datamount.jobspec.uris import Location, parse
 
 __all__ = [
     "ALLOWED_MODES",

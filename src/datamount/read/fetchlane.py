@@ -1,5 +1,5 @@
 """The mount's fetch lane in worker processes (DATAMOUNT_MOUNT_PROCESSES): N
-processes (read/laneworker.py), each with its own store, connection pool and
+processes (read/fetchworker.py), each with its own store, connection pool and
 GIL, make the block fetcher's requests — a whole small file, or a run of
 consecutive blocks of a bigger one — and write their disk-tier block files;
 the daemon keeps everything else (the FUSE callbacks, the caches, prefetch,
@@ -27,7 +27,7 @@ one daemon on a node with many cores (README, The daemon and the GIL).
   none), unlinked once every worker has mapped it: nothing is left behind,
   whatever ends the daemon.
 - Workers start with the 'forkserver' context where the platform has it, else
-  'spawn' (transfer/lane.py's `fork_context`); the store's recipe, secret
+  'spawn' (transfer/processlane.py's `fork_context`); the store's recipe, secret
   included, reaches a worker as its first message over its pipe: never argv
   or environment.
 - A worker that dies takes no more tasks; its calls in flight go to another
@@ -50,12 +50,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from datamount.read import laneworker
+from datamount.read import fetchworker
 from datamount.read.blocks import BlockKey, ObjectId
 from datamount.read.cache.disk import DiskCache
 from datamount.read.copy import copy_into
-from datamount.read.laneworker import LaneSetup
-from datamount.transfer.lane import (
+from datamount.read.fetchworker import LaneSetup
+from datamount.transfer.processlane import (
     collect,
     fork_context,
     join_workers,
@@ -135,7 +135,7 @@ class MountLane:
             root = os.fspath(disk.root) if disk is not None else None
             setup = LaneSetup(recipe, threads, path, slab_size, root)
             for n in range(processes):
-                process, conn = spawn_worker(ctx, laneworker.main, f"datamount-lane-{n}", setup)
+                process, conn = spawn_worker(ctx, fetchworker.main, f"datamount-lane-{n}", setup)
                 slabs = list(range(n * threads, (n + 1) * threads))
                 self.procs.append(_Proc(process, conn, slabs))
             for proc in self.procs:
@@ -276,7 +276,7 @@ class MountLane:
 
     def _receive(self, proc: _Proc) -> None:
         try:
-            batch: list[laneworker.Outcome] = proc.conn.recv()
+            batch: list[fetchworker.Outcome] = proc.conn.recv()
         except (EOFError, OSError):
             self._ended(proc)
             return

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from datamount.errors import InvalidInput, SettingsError, SpecError, UriError
+from datamount.jobspec.job import DataInput, DataType, JobSpec, load_spec
+from datamount.jobspec.uris import LocationKind, parse
 from datamount.log import activity
 from datamount.settings import Settings
-from datamount.spec import DataInput, DataType, JobSpec, load_spec
 from datamount.storage import ObjectStore, store_for
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
-from datamount.uris import LocationKind, parse
-from datamount.workspace import Workspace, find_workspace
+from datamount.workspace.datastores import Workspace, find_workspace
 
 log = logging.getLogger("datamount.app")
 

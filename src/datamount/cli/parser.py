@@ -1,6 +1,6 @@
 """The command line's grammar: every command, its options and help, and the
 global options that may come before or after the command's name. One job:
-argparse in, a Namespace out; no command runs here (cli.py runs them).
+argparse in, a Namespace out; no command runs here (cli/main.py runs them).
 """
 
 from __future__ import annotations

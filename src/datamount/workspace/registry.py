@@ -20,11 +20,11 @@ from typing import Any
 
 import yaml
 
-from datamount.atomicfile import locked, write_atomic
-from datamount.catalog import kind_of, read_components, read_registry_file
 from datamount.errors import WorkspaceError
-from datamount.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE
-from datamount.workspace import Workspace, registry_path, version_key
+from datamount.jobspec.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE
+from datamount.workspace.catalog import kind_of, read_components, read_registry_file
+from datamount.workspace.datastores import Workspace, registry_path, version_key
+from datamount.workspace.locked import locked, write_atomic
 
 HEADER = (
     "# Data asset and model versions registered by datamount jobs (merged into the workspace).\n"

@@ -17,8 +17,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from datamount import runhistory
-from datamount.catalog import (
+from datamount.errors import UriError, WorkspaceError
+from datamount.jobspec.uris import DEFAULT_SUFFIX, Location, LocationKind, parse
+from datamount.log import register_secret
+from datamount.storage.credentials import Credential, CredentialKind
+from datamount.storage.location import StorageKind, StorageLocation
+from datamount.workspace import runhistory
+from datamount.workspace.catalog import (
     AssetVersion,
     Catalog,
     ComponentVersion,
@@ -27,14 +32,9 @@ from datamount.catalog import (
     kind_of,
     read_registry_file,
 )
-from datamount.catalog import read_registry as read_registry  # re-exported
-from datamount.catalog import version_key as version_key  # re-exported
-from datamount.errors import UriError, WorkspaceError
-from datamount.log import register_secret
-from datamount.storage.credentials import Credential, CredentialKind
-from datamount.storage.location import StorageKind, StorageLocation
-from datamount.uris import DEFAULT_SUFFIX, Location, LocationKind, parse
-from datamount.wsexpand import Recording, expand
+from datamount.workspace.catalog import read_registry as read_registry  # re-exported
+from datamount.workspace.catalog import version_key as version_key  # re-exported
+from datamount.workspace.expand import Recording, expand
 
 DEFAULT_WORKSPACE = Path("configs/workspace.yaml")
 _MAX_ASSET_DEPTH = 16  # an asset pointing at an asset ... deeper than this is a cycle
@@ -95,7 +95,7 @@ class WorkspaceConfig(BaseModel):
     models: dict[str, list[ModelVersion]] = Field(default_factory=dict)
     registries: dict[str, RegistryConfig] = Field(default_factory=dict)
     components: dict[str, list[ComponentVersion]] = Field(default_factory=dict)
-    registry_file: str | None = None  # where jobs register versions (registry.py)
+    registry_file: str | None = None  # where jobs register versions (workspace/registry.py)
 
 
 def registry_path(source: Path, config: WorkspaceConfig) -> Path:
@@ -141,7 +141,7 @@ class Workspace:
         return Catalog(self.config.data_assets, self.config.models, self.config.registries)
 
     def history_path(self) -> Path | None:
-        """The run history (runhistory.py), beside the asset registry."""
+        """The run history (workspace/runhistory.py), beside the asset registry."""
         if self.source is None:
             return None
         return runhistory.history_path(registry_path(self.source, self.config), self.source)
@@ -190,7 +190,8 @@ class Workspace:
         return workspace
 
     def _merge_registered(self, registry: Path) -> None:
-        """Add the versions jobs registered (registry.py) to `data_assets` and `models`."""
+        """Add the versions jobs registered (workspace/registry.py) to `data_assets`
+        and `models`."""
         for section, by_name in read_registry_file(registry).items():
             model = ModelVersion if section == "models" else AssetVersion
             target: dict[str, list[Any]] = getattr(self.config, section)

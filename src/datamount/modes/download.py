@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from datamount.context import Context, Target, target
 from datamount.errors import (
     DataError,
     ObjectNotFound,
@@ -25,18 +24,19 @@ from datamount.errors import (
     StorageError,
     UriError,
 )
+from datamount.jobspec.job import DataInput, DataType, JobSpec
 from datamount.log import activity
-from datamount.spec import DataInput, DataType, JobSpec
+from datamount.modes.context import Context, Target, target
 from datamount.storage import ObjectStore
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
-from datamount.transfer.download import Downloader, DownloadOptions, DownloadResult
+from datamount.transfer.downloader import Downloader, DownloadOptions, DownloadResult
 from datamount.transfer.progress import Progress
 from datamount.transfer.source import SourceFile, folder_pages
 
 if TYPE_CHECKING:  # imported where used: `download` starts faster without them
     from datamount.modes import How
-    from datamount.transfer.upload import UploadResult
+    from datamount.transfer.uploader import UploadResult
 
 log = logging.getLogger("datamount.app")
 
@@ -252,7 +252,7 @@ def upload_target(
         if tgt.is_file is False and key:
             key = key.rstrip("/") + "/"
         try:
-            from datamount.transfer.upload import Uploader, UploadOptions
+            from datamount.transfer.uploader import Uploader, UploadOptions
 
             options = UploadOptions(threads=settings.downloader_threads, overwrite=overwrite)
             result = Uploader(store, options, progress).upload(src, key)

@@ -9,7 +9,7 @@ One YAML file beside the asset registry, `<workspace stem>.runs.yaml`:
                    outputs: {<output>: {type: uri_folder, path: <URI or absolute path>}}}
 
 Written under the file's lock, re-read inside it, and replaced by a rename
-(atomicfile.py): two runs finishing at once both land. No threads.
+(workspace/locked.py): two runs finishing at once both land. No threads.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from datamount.atomicfile import locked, write_atomic
 from datamount.errors import WorkspaceError
+from datamount.workspace.locked import locked, write_atomic
 
 HEADER = (
     "# Runs of datamount jobs and where their outputs landed (azureml://jobs/...).\n"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from datamount.errors import SpecError
-from datamount.pipeline.graph import Binding, Pipeline, Step, absolute, binding_of
+from datamount.jobspec.pipeline import Binding, Pipeline, Step, absolute, binding_of
 
 MISSING = object()
 # (nested pipeline step, its output) -> (inner step, its output)

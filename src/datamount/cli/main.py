@@ -27,8 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from datamount import __version__
-from datamount.cliparse import GLOBAL_OPTIONS, PROG, build_parser, parse_args
-from datamount.context import Context, resolve, validate
+from datamount.cli.parser import GLOBAL_OPTIONS, PROG, build_parser, parse_args
 from datamount.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -38,9 +37,10 @@ from datamount.errors import (
     SpecError,
     StorageError,
 )
+from datamount.jobspec.job import load_spec
 from datamount.log import RUNTIME_LOG, setup_logging, shutdown_logging
+from datamount.modes.context import Context, resolve, validate
 from datamount.settings import Settings
-from datamount.spec import load_spec
 from datamount.transfer.progress import Progress, human
 
 log = logging.getLogger("datamount.cli")
@@ -133,11 +133,11 @@ def _run(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _validate(ctx: Context, args: argparse.Namespace) -> None:
-    from datamount.pipeline import commands
+    from datamount.cli import assets
 
-    kind = commands.file_kind(Path(args.spec))
+    kind = assets.file_kind(Path(args.spec))
     if kind != "job":
-        print(commands.validate_file(ctx, Path(args.spec), kind))
+        print(assets.validate_file(ctx, Path(args.spec), kind))
         return
     result = validate(ctx, Path(args.spec))
     spec = result.spec
@@ -153,9 +153,9 @@ def _validate(ctx: Context, args: argparse.Namespace) -> None:
 
 
 def _create(ctx: Context, args: argparse.Namespace) -> None:
-    from datamount.pipeline import commands
+    from datamount.cli import assets
 
-    create = commands.data_create if args.command == "data" else commands.component_create
+    create = assets.data_create if args.command == "data" else assets.component_create
     print(f"{PROG}: {create(ctx, Path(args.file), args.version)}", file=sys.stderr)
 
 
@@ -165,12 +165,12 @@ def _resolve(ctx: Context, args: argparse.Namespace) -> None:
 
 
 def _download(ctx: Context, args: argparse.Namespace) -> None:
-    from datamount.modes import transfer
+    from datamount.modes import download
 
     with _progress("download", ctx.settings) as progress:
-        result = transfer.download(
+        result = download.download(
             ctx, args.source, Path(args.dest), name=args.input, overwrite=args.overwrite,
-            progress=progress, shard=transfer.Shard.from_context(ctx) if args.shard else None,
+            progress=progress, shard=download.Shard.from_context(ctx) if args.shard else None,
         )  # fmt: skip
     print(result.path)
     print(_summary("downloaded", result.files, result.bytes, result.seconds,
@@ -178,10 +178,10 @@ def _download(ctx: Context, args: argparse.Namespace) -> None:
 
 
 def _upload(ctx: Context, args: argparse.Namespace) -> None:
-    from datamount.modes import transfer
+    from datamount.modes import download
 
     with _progress("upload", ctx.settings) as progress:
-        result = transfer.upload(
+        result = download.upload(
             ctx, Path(args.src), args.dest, name=args.output,
             overwrite=args.overwrite, progress=progress,
         )  # fmt: skip
@@ -212,41 +212,41 @@ def _mount(ctx: Context, args: argparse.Namespace) -> None:
 def _run_job(args: argparse.Namespace) -> int:
     """`run`: check the job with settings from the environment plus the job's
     environment_variables, then run it in its working folder, logging there."""
-    from datamount import jobenv, jobrun
-    from datamount.pipeline import commands
+    from datamount.cli import assets
+    from datamount.jobs import commandjob, environment
 
-    kind = commands.file_kind(Path(args.job))
+    kind = assets.file_kind(Path(args.job))
     if kind == "sweep":
-        return _fail(SpecError(f"{args.job}: {commands.SWEEP}"))
+        return _fail(SpecError(f"{args.job}: {assets.SWEEP}"))
     if kind == "pipeline":
-        from datamount.pipeline.cli_run import run_pipeline
+        from datamount.cli.run import run_pipeline
 
         return run_pipeline(args, start_logging=_start_logging, fail=_fail, guarded=_guarded)
     try:
-        run_name = jobrun.run_name(load_spec(Path(args.job)).name)
+        run_name = commandjob.run_name(load_spec(Path(args.job)).name)
         spec = load_spec(Path(args.job), run_name=run_name)
         env = {**os.environ, **spec.environment_variables}
         settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
-        jobrun.check(Context(settings, env, Path.cwd(), args.workspace, run_name), spec)
+        commandjob.check(Context(settings, env, Path.cwd(), args.workspace, run_name), spec)
     except DatamountError as exc:
         return _fail(exc)
     temporary = args.workdir is None
     try:
-        workdir, settings = jobenv.workdir_settings(
+        workdir, settings = environment.workdir_settings(
             args.workdir, run_name, env, args.cache_dir, args.log_dir
         )
     except DatamountError as exc:
         return _fail(exc)
     _start_logging(settings, "run")
     ctx = Context(settings, env, Path.cwd(), args.workspace, run_name)
-    say = jobenv.say
+    say = environment.say
 
     def body() -> int:
-        return jobrun.JobRun(ctx, spec, workdir, say=say).run()
+        return commandjob.JobRun(ctx, spec, workdir, say=say).run()
 
     code = _guarded("run", settings, body)
     keep_logs = code != EXIT_OK and temporary and not args.keep
-    kept = jobrun.cleanup(
+    kept = commandjob.cleanup(
         workdir, settings.cache_dir, remove=temporary and not args.keep, keep_logs=keep_logs
     )
     if kept:
@@ -257,7 +257,7 @@ def _run_job(args: argparse.Namespace) -> int:
 
 
 def _status(ctx: Context, args: argparse.Namespace) -> None:
-    from datamount.mount import status
+    from datamount.cli import status
 
     if args.ready is not None:
         why = status.ready(Path(args.ready))
@@ -281,7 +281,7 @@ def _watch(ctx: Context, args: argparse.Namespace, seconds: float) -> None:
     line per mount per refresh (JSON with --json). Ctrl-C ends it (exit 0)."""
     import time
 
-    from datamount.mount import status
+    from datamount.cli import status
 
     tty = sys.stdout.isatty() and not args.json
     while True:

@@ -1,6 +1,6 @@
 """What a `datamount run` leaves around its command, as Azure ML does: the
 environment variables the command gets for its inputs and outputs, and the
-run's entry in the run history (runhistory.py) once it is over.
+run's entry in the run history (workspace/runhistory.py) once it is over.
 
 Azure ML gives a command job `AZURE_ML_INPUT_<name>` for every input (the
 path or URI `${{inputs.<name>}}` becomes, or a literal's value),
@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from datamount import runhistory
-from datamount.context import Context
 from datamount.errors import DatamountError, InvalidInput, SpecError
+from datamount.jobspec.job import REFERENCE, DataInput, JobSpec
+from datamount.jobspec.uris import LocationKind
+from datamount.modes.context import Context
 from datamount.settings import Settings
-from datamount.spec import REFERENCE, DataInput, JobSpec
-from datamount.uris import LocationKind
+from datamount.workspace import runhistory
 
 log = logging.getLogger("datamount.run")
 

@@ -22,7 +22,13 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from datamount.errors import UriError
-from datamount.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE, Location, LocationKind, parse
+from datamount.jobspec.uris import (
+    OUTPUT_ASSET_NAME,
+    OUTPUT_ASSET_RULE,
+    Location,
+    LocationKind,
+    parse,
+)
 
 log = logging.getLogger("datamount.app")
 
