@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from datamount.errors import AccessDenied, ObjectNotFound, StorageError
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore
-from datamount.storage.retry import RetryPolicy
+from datamount.storage.retry import RetryPolicy, RetryStats
 
 T = TypeVar("T")
 ErrorFactory = Callable[[], BaseException]
@@ -145,6 +145,9 @@ class FaultyStore(ObjectStore):
         return self.retry.call(
             self._attempt, op, key, fn, *args, description=f"{op} {key!r}", **kwargs
         )
+
+    def retry_stats(self) -> RetryStats | None:
+        return self.retry.stats if self.retry is not None else None
 
     @property
     def supports_ranges(self) -> bool:

@@ -23,9 +23,9 @@ from datamount.read.prefetch.policy import REORDER_SLACK, reorder_slack
 from datamount.read.prefetch.scheduler import Scheduler
 from datamount.read.stats import MountStats
 from datamount.settings import Settings
-from faults import FaultPlan, FaultyStore, forbidden
 from datamount.storage.memory import MemoryStore
 from datamount.write.writeback import WriteBack, WriteBackOptions, upload_budget
+from faults import FaultPlan, FaultyStore, forbidden
 from test_reader_fakes import GatedStore, object_id, source, wait_for
 
 MIB = 1 << 20

@@ -249,7 +249,7 @@ def test_funnel_names_the_path_and_keeps_bugs_unexpected(
 ) -> None:
     import errno
 
-    from datamount.cli import main
+    from datamount.cli import guard
     from datamount.settings import Settings
 
     settings = Settings.from_env({}, cache_dir=str(tmp_path / "c"), log_dir=str(tmp_path / "no"))
@@ -261,13 +261,13 @@ def test_funnel_names_the_path_and_keeps_bugs_unexpected(
         return body
 
     disk = OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), "/x/y")
-    assert main._guarded("download", settings, raising(disk)) == 3
-    assert main._guarded("upload", settings, raising(disk)) == 4
+    assert guard.guarded("download", settings, raising(disk)) == 3
+    assert guard.guarded("upload", settings, raising(disk)) == 4
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a write: no path, still the disk
-    assert main._guarded("mount", settings, raising(full)) == 3
+    assert guard.guarded("mount", settings, raising(full)) == 3
     bug = OSError(errno.EBADF, os.strerror(errno.EBADF))  # no path, not the disk's state
-    assert main._guarded("mount", settings, raising(bug)) == 1
-    assert main._guarded("mount", settings, raising(KeyError("k"))) == 1
+    assert guard.guarded("mount", settings, raising(bug)) == 1
+    assert guard.guarded("mount", settings, raising(KeyError("k"))) == 1
     err = capsys.readouterr().err.splitlines()
     assert (
         err

@@ -19,12 +19,12 @@ import pytest
 from conftest import store_on
 from datamount.errors import AccessDenied, DataError, ObjectNotFound, VersionChanged
 from datamount.storage import ObjectStore
-from faults import FaultPlan, FaultyStore, connection_reset, forbidden, throttled
 from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
 from datamount.transfer.copyplan import SPAN_RANGES, NotEnoughSpace, span_ranges
 from datamount.transfer.downloader import Downloader, DownloadOptions
 from datamount.transfer.manifest import MANIFEST_NAME
+from faults import FaultPlan, FaultyStore, connection_reset, forbidden, throttled
 from fuse_helpers import mount_env as cli_env
 
 RANGE = 64 * 1024  # small ranges: multi-range files stay small

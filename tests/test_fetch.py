@@ -20,9 +20,9 @@ from datamount.read.fetch import BlockFetcher, _Flight
 from datamount.read.prefetch.scheduler import Scheduler, Ticket
 from datamount.read.reader import BlockReader
 from datamount.read.stats import MountStats
-from faults import FaultPlan, FaultyStore, forbidden, throttled
 from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
+from faults import FaultPlan, FaultyStore, forbidden, throttled
 from test_reader_fakes import DictCache, GatedStore, object_id, source, wait_for
 
 BS = 1000

@@ -20,11 +20,11 @@ from datamount.fs.namespace import Namespace
 from datamount.fs.writable import WritableFS
 from datamount.read.reader import DirectReader
 from datamount.storage.base import ObjectStore
-from faults import FaultPlan, FaultyStore, forbidden
 from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
 from datamount.write.journal import Leftovers, journal_leftovers
 from datamount.write.writeback import JOURNAL, WriteBack, WriteBackOptions
+from faults import FaultPlan, FaultyStore, forbidden
 
 BLOCK = 1024
 rng = random.Random(11)

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from datamount.cli import assets
+from datamount.cli.validate import validate
 from datamount.errors import InvalidInput, SpecError
 from datamount.jobspec.graph import parse_pipeline
-from datamount.modes.context import Context, validate
+from datamount.modes.context import Context
 from datamount.settings import Settings
 from test_spec_oracle import _header, no_network  # noqa: F401  (the fixture)
 

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from datamount.read.blocks import ObjectId
 from datamount.read.reader import DirectReader, Reader, ReadHandle
+from datamount.storage.memory import MemoryStore
+from datamount.storage.retry import RetryPolicy
 from faults import (
     FaultPlan,
     FaultyStore,
@@ -24,8 +26,6 @@ from faults import (
     forbidden,
     throttled,
 )
-from datamount.storage.memory import MemoryStore
-from datamount.storage.retry import RetryPolicy
 from test_reader_fakes import (
     DictCache,
     GatedStore,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from datamount.errors import AccessDenied
-from faults import FaultyStore, forbidden, throttled
 from datamount.storage.memory import MemoryStore
 from datamount.storage.replicas import Replica, ReplicaMismatch, ReplicaStore
 from datamount.storage.retry import RetryPolicy
+from faults import FaultyStore, forbidden, throttled
 
 FILES = {f"f{i:02d}.bin": bytes([i]) * (100 + i) for i in range(12)}
 

@@ -10,6 +10,8 @@ import threading
 import pytest
 
 from datamount.errors import AccessDenied, ObjectNotFound, StorageError, Throttled
+from datamount.storage.memory import MemoryStore
+from datamount.storage.retry import RetryPolicy, is_transient
 from faults import (
     FaultPlan,
     FaultyStore,
@@ -19,8 +21,6 @@ from faults import (
     server_error,
     throttled,
 )
-from datamount.storage.memory import MemoryStore
-from datamount.storage.retry import RetryPolicy, is_transient
 
 DATA = bytes(range(256)) * 40
 

@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
+from datamount.cli.validate import validate
 from datamount.errors import InvalidInput
-from datamount.modes.context import Context, validate
+from datamount.modes.context import Context
 from datamount.settings import Settings
 
 SPECS = Path(__file__).resolve().parent / "specs"

@@ -33,12 +33,12 @@ from datamount.storage import base as storage_base
 from datamount.storage.azure_blob import AzureBlobStore
 from datamount.storage.base import STREAM_RANGE, ListPage, ReadOnlyStore
 from datamount.storage.credentials import Credential
-from faults import FaultyStore
 from datamount.storage.filelist import FileListStore, ListedFile
 from datamount.storage.http import HttpStore
 from datamount.storage.local import LocalStore
 from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
+from faults import FaultyStore
 from test_storage_http import QuietServer, Site, make_handler
 
 SIZE = 100_003  # odd on purpose: no range lines up with a power of two

@@ -12,11 +12,11 @@ import pytest
 
 from datamount.errors import AccessDenied, DatamountError
 from datamount.storage import ObjectStore
-from faults import FaultPlan, FaultyStore, forbidden, throttled
 from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
 from datamount.transfer.downloader import Downloader, DownloadOptions
 from datamount.transfer.uploader import Uploader, UploadOptions, block_id
+from faults import FaultPlan, FaultyStore, forbidden, throttled
 
 BLOCK = 64 * 1024
 rng = random.Random(5)

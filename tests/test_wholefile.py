@@ -19,11 +19,11 @@ from datamount.read.blocks import ObjectId
 from datamount.read.reader import DirectReader, ReadHandle
 from datamount.read.wholefile import PinnedVersion, WholeFileReader, entry_name
 from datamount.storage.base import ObjectStore
-from faults import FaultPlan, FaultyStore, forbidden
 from datamount.storage.http import HttpStore
 from datamount.storage.memory import MemoryStore
 from datamount.storage.retry import RetryPolicy
 from datamount.transfer.downloader import DownloadOptions
+from faults import FaultPlan, FaultyStore, forbidden
 from test_reader_fakes import GatedStore, object_id, source, wait_for
 from test_storage_http import QuietServer, Site, make_handler
 

@@ -2,15 +2,18 @@
 `validate` of a data asset, a component or a pipeline, `data create`,
 `component create`, and the checks `run` makes of a pipeline before
 starting any step. Each returns the line to print or raises a
-DatamountError. No threads.
+DatamountError; `run` prints it. No threads.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
+from datamount.cli.parser import PROG
 from datamount.errors import InvalidInput, SpecError
 from datamount.jobs import commandjob
 from datamount.jobspec.graph import load_pipeline, parse_pipeline, read_yaml
@@ -22,6 +25,13 @@ from datamount.jobspec.typemode import DEFAULT_DATASTORE
 from datamount.modes.context import Context
 from datamount.workspace import kinds
 from datamount.workspace.datastores import Workspace
+
+
+def run(ctx: Context, args: argparse.Namespace) -> None:
+    """`data create FILE` or `component create FILE` [--version V]."""
+    create = data_create if args.command == "data" else component_create
+    print(f"{PROG}: {create(ctx, Path(args.file), args.version)}", file=sys.stderr)
+
 
 SWEEP = (
     "sweep jobs are not supported (one node runs no hyperparameter search); "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from datamount import __version__
 
@@ -61,6 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    _validate(sub, common)
+    _resolve(sub, common)
+    _download(sub, common)
+    _upload(sub, common)
+    _mount(sub, common)
+    _unmount(sub, common)
+    _status(sub, common)
+    _register(sub, common)
+    _run(sub, common)
+    return parser
+
+
+def _validate(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "validate",
         parents=[common],
@@ -71,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         "spec", metavar="SPEC", help="spec YAML (one input, inputs/outputs, or a command job)"
     )
 
+
+def _resolve(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "resolve",
         parents=[common],
@@ -84,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--input", metavar="NAME", help="which input or output (when the spec has several)"
     )
 
+
+def _download(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "download",
         parents=[common],
@@ -104,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(sha256 of each relative path; the same files on every rerun)",
     )
 
+
+def _upload(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "upload",
         parents=[common],
@@ -118,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="NAME", help="which output (when the spec has several)")
     p.add_argument("--overwrite", action="store_true", help="upload even unchanged files")
 
+
+def _mount(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "mount",
         parents=[common],
@@ -142,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="FUSE mounts: serve the mount in this process until it is unmounted or signalled",
     )
 
+
+def _unmount(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "unmount",
         parents=[common],
@@ -159,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for open files (default: $DATASET_UNMOUNT_TIMEOUT_SECONDS, 30)",
     )
 
+
+def _status(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "status",
         parents=[common],
@@ -186,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
         "mount per refresh; Ctrl-C ends it",
     )
 
+
+def _register(sub: Any, common: argparse.ArgumentParser) -> None:
     for noun, what in (("data", "a data asset"), ("component", "a command component")):
         p = sub.add_parser(noun, help=f"register {what} YAML in the local registry")
         verbs = p.add_subparsers(dest="verb", metavar="VERB")
@@ -198,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--version", metavar="V", help="the version (default: the file's, else the next)"
         )
 
+
+def _run(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "run",
         parents=[common],
@@ -220,7 +250,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--keep", action="store_true", help="keep the temporary working folder and its logs"
     )
-    return parser
 
 
 def _interval(text: str) -> float:

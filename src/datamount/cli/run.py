@@ -1,8 +1,15 @@
-"""`datamount run PIPELINE.yml`: check the whole pipeline (nothing starts on
-a bad one: exit 2), then run its steps (runner.py) in `--workdir` (default
-a temporary folder, removed at the end but for each step's `system_logs`
-when a step failed, or kept whole with --keep). The parallelism is
-DATAMOUNT_PIPELINE_PARALLEL (default 2). No threads of its own.
+"""`datamount run JOB.yml`: one Azure ML job on this node, its settings from
+the environment plus the job's environment_variables, logging in its working
+folder (`--workdir`, default a temporary folder removed at the end; kept with
+--keep).
+
+- A command job: checked, then run start to end (jobs/commandjob.py).
+- A pipeline job: the whole pipeline checked (nothing starts on a bad one:
+  exit 2), then its steps run (jobs/pipelinejob.py), each step's
+  `system_logs` kept when a step failed. The parallelism is
+  DATAMOUNT_PIPELINE_PARALLEL (default 2).
+
+No threads of its own.
 """
 
 from __future__ import annotations
@@ -11,26 +18,64 @@ import argparse
 import os
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from datamount.cli.assets import prepare_run
-from datamount.errors import EXIT_OK, DatamountError, SettingsError
+from datamount.cli import assets
+from datamount.cli.guard import fail, guarded, start_logging
+from datamount.errors import EXIT_OK, DatamountError, SettingsError, SpecError
 from datamount.jobs import commandjob, environment
 from datamount.jobs.pipelinejob import PipelineRun
+from datamount.jobspec.job import load_spec
 from datamount.modes.context import Context
 from datamount.settings import Settings
 
 DEFAULT_PARALLEL = 2
 
 
-def run_pipeline(
-    args: argparse.Namespace,
-    *,
-    start_logging: Callable[[Settings, str], None],
-    fail: Callable[[DatamountError], int],
-    guarded: Callable[[str, Settings, Callable[[], int]], int],
-) -> int:
+def run(args: argparse.Namespace) -> int:
+    """`run JOB`: a pipeline job (run_pipeline), or a command job: checked
+    with settings from the environment plus the job's environment_variables,
+    then run in its working folder, logging there."""
+    kind = assets.file_kind(Path(args.job))
+    if kind == "sweep":
+        return fail(SpecError(f"{args.job}: {assets.SWEEP}"))
+    if kind == "pipeline":
+        return run_pipeline(args)
+    try:
+        run_name = commandjob.run_name(load_spec(Path(args.job)).name)
+        spec = load_spec(Path(args.job), run_name=run_name)
+        env = {**os.environ, **spec.environment_variables}
+        settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
+        commandjob.check(Context(settings, env, Path.cwd(), args.workspace, run_name), spec)
+    except DatamountError as exc:
+        return fail(exc)
+    temporary = args.workdir is None
+    try:
+        workdir, settings = environment.workdir_settings(
+            args.workdir, run_name, env, args.cache_dir, args.log_dir
+        )
+    except DatamountError as exc:
+        return fail(exc)
+    start_logging(settings, "run")
+    ctx = Context(settings, env, Path.cwd(), args.workspace, run_name)
+    say = environment.say
+
+    def body() -> int:
+        return commandjob.JobRun(ctx, spec, workdir, say=say).run()
+
+    code = guarded("run", settings, body)
+    keep_logs = code != EXIT_OK and temporary and not args.keep
+    kept = commandjob.cleanup(
+        workdir, settings.cache_dir, remove=temporary and not args.keep, keep_logs=keep_logs
+    )
+    if kept:
+        say(kept)
+    if args.keep or keep_logs or kept:
+        say(f"logs in {settings.log_dir}")
+    return code
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
     path = Path(args.job)
     env = dict(os.environ)
     try:
@@ -38,7 +83,7 @@ def run_pipeline(
         run = commandjob.run_name(path.stem)
         settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
         ctx = Context(settings, env, Path.cwd(), args.workspace, run)
-        pipeline, jobs = prepare_run(ctx, path)
+        pipeline, jobs = assets.prepare_run(ctx, path)
     except DatamountError as exc:
         return fail(exc)
     temporary = args.workdir is None

@@ -15,15 +15,21 @@ daemon makes the probe fail after `timeout` instead of hanging it.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from datamount.cli.parser import PROG
+from datamount.errors import DatamountError
 from datamount.modes import upload_records
+from datamount.modes.context import Context
 from datamount.mount import control
 from datamount.mount.table import find_mount
 from datamount.mountinfo import FSTYPE
@@ -186,3 +192,46 @@ def table(entries: list[Entry]) -> list[str]:
             f"{r.get('requests_s', 0):>7.0f} {r.get('hit_ratio', 0):>5.0%}  {e.verdict or '-'}"
         )
     return rows
+
+
+def run(ctx: Context, args: argparse.Namespace) -> None:
+    """`status [--json] [--watch [SECONDS]] [--ready MOUNTPOINT]`."""
+    if args.ready is not None:
+        why = ready(Path(args.ready))
+        if why is not None:
+            raise DatamountError(f"{args.ready}: not ready: {why}")  # exit 1
+        print(f"{args.ready}: ready")
+        return
+    if args.watch is not None:
+        with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+            _watch(ctx, args, args.watch)
+        return
+    entries = collect(ctx.settings.cache_dir)
+    for entry in entries:
+        print(json.dumps(entry.as_dict(), sort_keys=True) if args.json else describe(entry))
+    if not entries and not args.json:
+        print(f"{PROG}: nothing mounted (cache {ctx.settings.cache_dir})", file=sys.stderr)
+
+
+def _watch(ctx: Context, args: argparse.Namespace, seconds: float) -> None:
+    """`status --watch`: a redrawn table on a terminal (plain ANSI), else one
+    line per mount per refresh (JSON with --json). Ctrl-C ends it (exit 0)."""
+    import time
+
+    tty = sys.stdout.isatty() and not args.json
+    while True:
+        entries = collect(ctx.settings.cache_dir)
+        if tty:
+            rows = table(entries) if entries else ["nothing mounted"]
+            sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(rows) + "\n")
+        else:
+            now = time.time()
+            for entry in entries:
+                line = (
+                    json.dumps({**entry.as_dict(), "time": now}, sort_keys=True)
+                    if args.json
+                    else f"{time.strftime('%H:%M:%S')} {describe(entry, now)}"
+                )
+                sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        time.sleep(seconds)

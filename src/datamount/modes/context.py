@@ -1,8 +1,8 @@
 """The run context: what every command gets (settings read once, the
 environment, the working folder, where the workspace is), the workspace loaded
 at most once per context, and the resolution of spec entries and bare paths or
-URIs to storage locations with their credentials. Also the two commands that
-are nothing but resolution: `validate` and `resolve` (direct mode).
+URIs to storage locations with their credentials (the `validate` and
+`resolve` commands, cli/validate.py, are nothing but this resolution).
 
 No threads.
 """
@@ -18,8 +18,7 @@ from pathlib import Path
 
 from datamount.errors import InvalidInput, SettingsError, SpecError, UriError
 from datamount.jobspec.job import DataInput, DataType, JobSpec, load_spec
-from datamount.jobspec.uris import LocationKind, parse
-from datamount.log import activity
+from datamount.jobspec.uris import parse
 from datamount.settings import Settings
 from datamount.storage import ObjectStore, store_for
 from datamount.storage.location import StorageKind, StorageLocation
@@ -184,78 +183,3 @@ def target(ctx: Context, source: str, name: str | None, direction: str) -> Targe
     location = ctx.workspace().resolve(parse(source, direction), where=direction, base_dir=ctx.cwd)
     is_file = True if location.kind is StorageKind.HTTP else None
     return Target(location, is_file, source)
-
-
-# -- the commands that only resolve -----------------------------------------
-
-
-@dataclass(frozen=True)
-class Validation:
-    spec: JobSpec
-    workspace_checked: Path | None
-
-
-def validate(ctx: Context, spec_path: Path) -> Validation:
-    """Check the spec, and its datastores/assets when a workspace is at hand.
-
-    Pure: no network. Every problem of every entry is reported at once.
-    """
-    with activity("validate"):
-        spec = ctx.load_spec(spec_path)
-        workspace = ctx.load_workspace(required=False)
-        if workspace is None:
-            return Validation(spec, None)
-        problems: list[str] = []
-        for entry in all_entries(spec):
-            try:
-                resolve_entry(spec, entry, workspace)
-            except InvalidInput as exc:
-                problems += exc.problems
-        if problems:
-            raise SpecError(problems)
-        return Validation(spec, workspace.source)
-
-
-def resolve(ctx: Context, target: str, input_name: str | None) -> list[tuple[str, str]]:
-    """`direct` mode: the resolved URI of one spec entry, or of a bare URI.
-
-    Returns (name, uri) pairs; one pair unless the spec has several entries
-    and `input_name` is None and the caller asked for all.
-    """
-    with activity("resolve"):
-        path = Path(target)
-        if not path.is_file() and _looks_like_uri(target):
-            if input_name:
-                raise UriError(f"--input {input_name}: only applies to a spec file, not a URI")
-            workspace = ctx.load_workspace()
-            assert workspace is not None
-            location = workspace.resolve(parse(target, "URI"), where="URI", base_dir=ctx.cwd)
-            _log_resolved("URI", target, location)
-            return [("uri", location.uri())]
-        spec = ctx.load_spec(path)
-        workspace = ctx.load_workspace()
-        assert workspace is not None
-        entry = spec.entry(input_name)
-        location = resolve_entry(spec, entry, workspace)
-        _log_resolved(f"{entry.direction}s.{entry.name}", entry.path, location)
-        return [(entry.name, location.uri())]
-
-
-def _log_resolved(what: str, raw: str, location: StorageLocation) -> None:
-    log.info(
-        "resolved %s (%s) -> %s (%s, credential %s)",
-        what,
-        raw,
-        location.uri(),
-        location.kind.value,
-        location.credential.describe(),
-    )
-
-
-def _looks_like_uri(text: str) -> bool:
-    if "://" in text or text.startswith("azureml:"):
-        return True
-    try:
-        return parse(text).kind is not LocationKind.LOCAL
-    except InvalidInput:
-        return False

@@ -174,7 +174,7 @@ def start_lane(settings: Settings, store: ObjectStore, disk: BlockCache) -> Moun
     processes = settings.mount_processes
     if processes <= 1:
         return None
-    recipe = getattr(store, "recipe", lambda: None)()
+    recipe = store.recipe()
     if recipe is None:
         log.info("blocks fetched in the daemon: %r cannot be opened in a worker process", store)
         return None

@@ -55,6 +55,7 @@ from datamount.read.blocks import BlockKey, ObjectId
 from datamount.read.cache.disk import DiskCache
 from datamount.read.copy import copy_into
 from datamount.read.fetchworker import LaneSetup
+from datamount.storage.base import StoreRecipe
 from datamount.transfer.processlane import (
     collect,
     fork_context,
@@ -102,7 +103,7 @@ class _Proc:
 class MountLane:
     def __init__(
         self,
-        recipe: Any,
+        recipe: StoreRecipe,
         processes: int,
         threads: int,
         block_size: int,

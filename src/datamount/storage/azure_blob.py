@@ -87,7 +87,7 @@ from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, check_rang
 from datamount.storage.credentials import Credential, CredentialKind
 from datamount.storage.errormap import translate
 from datamount.storage.location import StorageLocation
-from datamount.storage.retry import RetryPolicy
+from datamount.storage.retry import RetryPolicy, RetryStats
 
 __all__ = ["AzureBlobStore", "account_of"]
 
@@ -131,13 +131,16 @@ class AzureBlobStore(ObjectStore):
         )  # fmt: skip
 
     def recipe(self) -> AzureRecipe | None:
-        """How another process opens the same store (transfer.lane's worker
+        """How another process opens the same store (the lanes' worker
         processes); None for identity credentials, whose tokens this
         process's azure-identity object renews."""
         kind = self.credential.kind
         if kind in (CredentialKind.USER_IDENTITY, CredentialKind.MANAGED_IDENTITY):
             return None
         return self._recipe
+
+    def retry_stats(self) -> RetryStats:
+        return self.retry.stats
 
     @classmethod
     def from_location(

@@ -3,7 +3,8 @@
 `ReadableStore`: list lazily page by page, stat, read a bounded byte range of
 one pinned version (as new bytes, or into the caller's buffer), stream a
 whole object into a file; what a store cannot do is a declared capability
-(`supports_ranges`, `local_path`), never a getattr probe. `WritableStore`:
+(`supports_ranges`, `local_path`, `recipe`, `retry_stats`), never a getattr
+probe. `WritableStore`:
 stage blocks and commit them, put a small object, delete, copy.
 `ObjectStore` is both, what `open_store` returns; a read-only store
 (`ReadOnlyStore`: public https, an evaluated file list) refuses every write
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from datamount.errors import BadRequest, ReadOnlyError, StorageError
+from datamount.storage.retry import RetryStats
 
 
 @dataclass(frozen=True)
@@ -185,9 +187,29 @@ class ReadableStore(Protocol):
         local files (LocalStore); None everywhere else."""
         return None
 
+    def recipe(self) -> StoreRecipe | None:
+        """How another process opens the same store (the worker processes of
+        transfer/processlane.py and read/fetchlane.py): a picklable value whose
+        `open(pool_size)` gives the store there. None where no other process
+        can (a store in this process's memory; identity credentials, whose
+        tokens this process's azure-identity object renews)."""
+        return None
+
+    def retry_stats(self) -> RetryStats | None:
+        """The counters of this store's retry policy; None for a store that
+        retries nothing."""
+        return None
+
     def close(self) -> None:
         """Release connections. The store must not be used afterwards."""
         ...
+
+
+class StoreRecipe(Protocol):
+    """What `ReadableStore.recipe()` returns: the store, opened again in
+    another process."""
+
+    def open(self, pool_size: int | None = None) -> ReadableStore: ...
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ from datamount.errors import ObjectNotFound, ReadOnlyError, StorageError, Versio
 from datamount.storage import sessions
 from datamount.storage.base import ListPage, ObjectInfo, ReadOnlyStore, check_range
 from datamount.storage.errormap import error_for_status, translate
-from datamount.storage.retry import RetryPolicy
+from datamount.storage.retry import RetryPolicy, RetryStats
 
 CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 30.0  # seconds without a byte before a request is abandoned
@@ -112,6 +112,9 @@ class HttpStore(ReadOnlyStore):
         )
 
     # -- reads -------------------------------------------------------------
+
+    def retry_stats(self) -> RetryStats:
+        return self.retry.stats
 
     def stat(self, key: str) -> ObjectInfo:
         return self.retry.call(self._stat, key, description=f"stat {self._name(key)!r}")

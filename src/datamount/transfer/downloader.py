@@ -403,7 +403,7 @@ class Downloader:
         """A worker's report on one file (the collector thread): its `.part`
         is complete and size-checked, or the error that stopped it."""
         try:
-            stats = getattr(getattr(self.store, "retry", None), "stats", None)
+            stats = self.store.retry_stats()
             if result.retries and stats is not None:
                 stats.add(retries=result.retries)
             if result.error is not None:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from datamount import errors
 from datamount.errors import DataError, StorageError
+from datamount.storage.base import ReadableStore
 from datamount.transfer import worker
 from datamount.transfer.progress import human
 from datamount.transfer.worker import Result, Setup
@@ -249,10 +250,12 @@ class OnDemand:
     to worker processes, the lane started on the first of them, its end.
     Its lines go to the Downloader's `log`."""
 
-    def __init__(self, store: Any, processes: int, max_size: int, log: logging.Logger) -> None:
+    def __init__(
+        self, store: ReadableStore, processes: int, max_size: int, log: logging.Logger
+    ) -> None:
         self.processes = processes
         self.max_size = max_size  # files of one range that a group commit takes
-        self.recipe = getattr(store, "recipe", lambda: None)() if processes > 1 else None
+        self.recipe = store.recipe() if processes > 1 else None
         self.lane: ProcessLane | None = None
         self._store = store
         self._log = log

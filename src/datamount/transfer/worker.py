@@ -31,19 +31,20 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from datamount.errors import DataError, StorageError, VersionChanged
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
+from datamount.storage.base import StoreRecipe
 from datamount.transfer.partfile import Buffers, DirectIO, PartFile, changed, read_range
 
 
 @dataclass(frozen=True)
 class Setup:
-    recipe: Any  # a store recipe: `.open(pool_size)` gives a ReadableStore
+    recipe: StoreRecipe  # `.open(pool_size)` gives the store in this process
     threads: int
     range_size: int
     direct_io: bool
@@ -134,7 +135,7 @@ class _Worker:
                         self.results.put(None)
                         break
                     batch.append(item)
-            stats = getattr(getattr(self.store, "retry", None), "stats", None)
+            stats = self.store.retry_stats()
             total = stats.retries if stats is not None else 0
             if total != self._retries_seen:
                 batch[0] = batch[0]._replace(retries=total - self._retries_seen)
