@@ -35,7 +35,7 @@ from datamount.transfer.progress import Progress
 from datamount.transfer.source import SourceFile, folder_pages
 
 if TYPE_CHECKING:  # imported where used: `download` starts faster without them
-    from datamount.modes import How
+    from datamount.modes.handler import How
     from datamount.transfer.uploader import UploadResult
 
 log = logging.getLogger("datamount.app")

@@ -30,8 +30,8 @@ from datamount.errors import (
 )
 from datamount.jobspec.job import DataInput, DataType, JobSpec, Mode
 from datamount.log import RUNTIME_LOG, activity
-from datamount.modes import How
 from datamount.modes.context import Context
+from datamount.modes.handler import How
 from datamount.mount import control
 from datamount.mount.plan import EvalFile, MountPlan
 from datamount.mount.stack import RW_ATTRIBUTE_TTL_MS, staging_folder

@@ -24,9 +24,10 @@ from datamount.errors import (
 )
 from datamount.jobspec.job import DataInput, DataType, JobSpec
 from datamount.log import activity
-from datamount.modes import How, upload_records
+from datamount.modes import upload_records
 from datamount.modes.context import Context, Target
 from datamount.modes.download import upload_target
+from datamount.modes.handler import How
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.transfer.uploader import BadName
 from datamount.workspace import registry
