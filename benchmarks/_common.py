@@ -15,6 +15,7 @@ import ctypes
 import hashlib
 import json
 import os
+import platform
 import random
 import signal
 import subprocess
@@ -24,6 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +38,11 @@ from _http import connection  # noqa: E402, I001
 from azurite import Azurite, Certs, make_certs  # noqa: E402
 
 MiB = 1 << 20
-MB = 1_000_000  # throughput is reported in decimal MB/s, as DESIGN.md §7 does
+MB = 1_000_000  # throughput is reported in decimal MB/s
 CHUNK = 8 * MiB  # generation and hashing chunk: large enough that the GIL is rarely held
 HASH_THREADS = max(2, os.cpu_count() or 2)
 RUSAGE = Path(__file__).with_name("_rusage.py")
+RECORDS = REPO / "benchmarks" / "records"  # one JSON record per run; docs/benchmarks.md shows them
 
 
 class BenchAzurite(Azurite):
@@ -341,6 +344,45 @@ def print_table(title: str, total: int, rows: Sequence[tuple[str, Run | None, st
             f" {run.rss_mib:8.1f}"
             f"{srv}  {note}"
         )
+
+
+def write_record(benchmark: str, rows: Sequence[dict[str, Any]], **about: Any) -> Path:
+    """Write this run's record, benchmarks/records/<UTC time>-<benchmark>.json: the commit,
+    the date, the machine, `about` (options, transport...) and `rows` (workload, tool,
+    rate, unit, cpu_s, ...), each given its `ratio`: datamount's rate over the row's on
+    the same workload. `scripts/gendocs.py` puts the newest one in docs/benchmarks.md."""
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return run.stdout.strip() if run.returncode == 0 else ""
+
+    ours = {r["workload"]: r for r in rows if r["tool"] == "datamount" and r.get("rate")}
+    for row in rows:
+        mine = ours.get(row["workload"])
+        same = mine is not None and row.get("rate") and mine.get("unit") == row.get("unit")
+        row["ratio"] = round(mine["rate"] / row["rate"], 2) if mine and same else None
+    memory = 0
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as info:
+        memory = int(info.readline().split()[1]) // 1024  # MemTotal, kB
+    now = datetime.now(UTC).replace(microsecond=0)
+    record = {
+        "benchmark": benchmark,
+        "commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "date": now.isoformat(),
+        "machine": {
+            "cores": os.cpu_count(),
+            "memory_mib": memory or None,
+            "kernel": platform.release(),
+        },
+        **about,
+        "rows": list(rows),
+    }
+    path = RECORDS / f"{now:%Y%m%dT%H%M%SZ}-{benchmark}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=str) + "\n")
+    print(f"record: {path} (scripts/gendocs.py puts it in docs/benchmarks.md)")
+    return path
 
 
 # -- additions for the mount benchmark ----------------------------------------------

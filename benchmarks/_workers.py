@@ -30,7 +30,7 @@ from pathlib import Path
 from _http import connection
 
 THREADS = 16
-RANGE = 8 * 1024 * 1024  # the limit reader's range size for big blobs (DESIGN.md §7)
+RANGE = 8 * 1024 * 1024  # the limit reader's range size for big blobs (docs/design/download.md)
 
 
 def _local_path(dest: Path, prefix: str, name: str, is_file: bool) -> Path:

@@ -1,5 +1,6 @@
 """`make bench`, second half: datamount's ro_mount against baselines on the same machine
-and data in one run, reported as ratios (DESIGN.md §6; issue 4, item 8 and Targets).
+and data in one run, reported as ratios (issue 4, item 8 and Targets); the run ends by
+writing its record to benchmarks/records/ (_common.write_record).
 
 Datasets in an in-memory Azurite: A one 1 GiB blob (a uri_file mount), B 2,000 x 256 KiB
 in 20 folders, L 20,000 tiny blobs in one folder (uri_folder mounts). Workloads, each on
@@ -261,6 +262,7 @@ class Bench:
         self.rows: dict[tuple[int, str], list[Row]] = {}
         self.fsspec_unavailable = ""
         self.startup = 0.0
+        self.records: list[dict] = []  # the report's rows, for the run's record
 
     def scratch(self, label: str) -> Path:
         """A fresh folder in the work folder, kept until the end of the run: on an
@@ -561,11 +563,12 @@ def report(bench: Bench) -> dict[tuple[int, str], Row]:
             check += f", fetched {'<=' if within else '>'} 2 x {len(blocks)} blocks touched"
         if r.workload == 3 and r.ops < PREADS and not r.failed:
             check += f", {r.ops} of {PREADS} reads in the {FSSPEC_BUDGET:g} s budget"
-        rate = "-"
+        rate, value, unit = "-", None, ""
         if r.seconds and not r.failed:
             by_bytes = r.workload in (1, 2, 4, 7, 8, 9)
             per_s = (r.bytes / MB if by_bytes else r.ops) / r.seconds
             rate = f"{per_s:9.1f} MB/s" if by_bytes else f"{per_s:8,.0f} ops/s"
+            value, unit = round(per_s, 1), "MB/s" if by_bytes else "ops/s"
         fetched = "n/a" if r.fetched is None else f"{r.fetched / MiB:.1f} MiB"
         # CPU per GiB read, reader and daemon together (TLS's cost: HTTPS against --http)
         cpu = (r.cpu or 0.0) + (r.server_cpu or 0.0)
@@ -576,6 +579,13 @@ def report(bench: Bench) -> dict[tuple[int, str], Row]:
               f"{num(r.cpu, '.2f'):>6} {num(r.server_cpu, '.2f'):>6} {num(per_gib, '.2f'):>6} "
               f"{num(r.server_rss, '.0f'):>6} "
               f"{fetched:>10} {r.sent / MiB:>6.1f} MiB  {check}")  # fmt: skip
+        bench.records.append({
+            "workload": NAMES[r.workload], "tool": r.contender, "rate": value, "unit": unit,
+            "cpu_s": r.server_cpu and round(r.server_cpu, 2),
+            "reader_cpu_s": r.cpu and round(r.cpu, 2),
+            "rss_mib": r.server_rss and round(r.server_rss),
+            **({"note": check} if check != "ok" else {}),
+        })  # fmt: skip
     return best
 
 
@@ -759,6 +769,9 @@ def main(argv: list[str]) -> int:
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
     bad = sum(bool(r.failed or r.problems) for rows in bench.rows.values() for r in rows)
+    if bench.records:
+        bc.write_record("mount", bench.records, transport=scheme, options=vars(opts),
+                        failed_runs=bad)  # fmt: skip
     print(f"MB/s is 10^6 bytes per second; load average at the end: {os.getloadavg()[0]:.2f}")
     print(f"{bad} failed run(s): see FAIL above" if bad else "every contender ran and checked out")
     return 1 if bad else 0

@@ -1,5 +1,6 @@
 """`make bench`: datamount's download and upload against baselines, side by side on
-the same machine and the same data, in one run, reported as ratios (DESIGN.md §6).
+the same machine and the same data, in one run, reported as ratios. Each run ends by
+writing its record to benchmarks/records/ (_common.write_record).
 
 Datasets (seeded random bytes, sha256 and md5 recorded at seeding): A one 1 GiB
 blob, B 2,000 x 256 KiB blobs in 20 folders, C 10 x 100 MiB blobs.
@@ -72,6 +73,7 @@ from _common import (
     standard_datasets,
     verify_listing,
     verify_tree,
+    write_record,
 )
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
@@ -79,10 +81,10 @@ STORE = "bench"  # the datastore of the generated workspace, and its container
 PYTHON = sys.executable
 WORKERS = str(Path(__file__).with_name("_workers.py"))
 DATAMOUNT = str(Path(sys.executable).parent / "datamount")
-RCLONE = shutil.which("rclone")  # a contender when installed (rclone copy, as ../shared/bench)
+RCLONE = shutil.which("rclone")  # a contender when installed (rclone copy)
 DOWNLOADERS = ("limit", "datamount", *(("rclone",) if RCLONE else ()), "sdk", "adlfs")
 UPLOADERS = ("datamount", "sdk")
-# Targets for datamount, as throughput ratios (DESIGN.md §6, the benchmark brief).
+# Targets for datamount, as throughput ratios.
 LIMIT_TARGET = {"A": 0.85, "B": 0.9, "C": 0.85}
 SDK_DOWNLOAD_TARGET = 2.0
 SDK_UPLOAD_TARGET = 1.5
@@ -104,6 +106,7 @@ class Bench:
         self.notes: set[str] = set()
         self.certs = certs_for(workdir, opts.http)
         self.gil: bool = opts.gil
+        self.rows: list[dict] = []  # every table's rows, for the run's record
 
     def scratch(self, label: str) -> Path:
         """A fresh folder for one run: DEST and datamount's cache/log folders live in it."""
@@ -261,6 +264,7 @@ def bench_download(bench: Bench, azurite: BenchAzurite, ws: Path, ds: Dataset) -
 
     print(f"\ndownload {ds.name}: {ds.describe()}")
     best = contest(bench, f"download {ds.name}", DOWNLOADERS, attempt, ds.total)
+    bench.rows += record_rows(f"download {ds.name}: {ds.describe()}", best, ds.total)
     dm = best["datamount"]
     gil = gil_run(bench, azurite, ws, ds) if bench.gil and dm else None
     _scale.print_download(ds, best, gil)
@@ -321,8 +325,19 @@ def bench_upload(bench: Bench, ds: Dataset) -> None:
 
     print(f"\nupload {ds.name}: {ds.describe()}")
     best = contest(bench, f"upload {ds.name}", UPLOADERS, attempt, ds.total)
+    bench.rows += record_rows(f"upload {ds.name}: {ds.describe()}", best, ds.total)
     print_ratios({"sdk": best["sdk"]}, best["datamount"])
     print_targets(best["datamount"], [("SDK", best["sdk"], SDK_UPLOAD_TARGET)])
+
+
+def record_rows(workload: str, best: dict[str, Run | None], total: int) -> list[dict]:
+    """One table's rows for the run's record; a contender that failed has no rate."""
+    return [
+        {"workload": workload, "tool": name, "rate": round(total / run.seconds / MB, 1),
+         "unit": "MB/s", "cpu_s": round(run.cpu, 2), "rss_mib": round(run.rss_mib, 1)}
+        if run else {"workload": workload, "tool": name, "rate": None, "note": "failed"}
+        for name, run in best.items()
+    ]  # fmt: skip
 
 
 def speedup(dm: Run | None, other: Run | None) -> float | None:
@@ -446,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at the end: {load:.2f} (above 1: other work shared the CPUs)")
     for note in sorted(bench.notes):
         print(f"note: {note}")
+    if bench.rows:
+        transport = "HTTP" if opts.http else "HTTPS"
+        write_record("transfer", bench.rows, transport=transport, options=vars(opts),
+                     load_average_end=round(load, 2), failures=bench.failures)  # fmt: skip
     if bench.failures:
         print(f"{len(bench.failures)} failure(s):\n  " + "\n  ".join(bench.failures))
         if not opts.keep:

@@ -2,7 +2,7 @@
 of datamount over a real Azurite, per directory of the suite, beside the previous
 run's figures. Not part of `make test` (it takes minutes; nothing is asserted).
 
-The suite's source is ../shared/pjdfstest (or PJDFSTEST_SRC); it is copied to
+The suite's source is PJDFSTEST_SRC (default: pjdfstest beside the repository); it is copied to
 .posix/pjdfstest and built there with autotools (`autoreconf -ifs`, `./configure`,
 `make pjdfstest`: the Makefile installs autoconf/automake when missing). Each
 directory of its tests/ is run by `prove -v -r DIR` with the mount as the working

@@ -1,27 +1,19 @@
 """One memory budget per mount: the bytes held in RAM outside the RAM tier.
 
-mountpoint-s3's mem_limiter.rs is one limiter shared by the prefetcher and
-the uploader; this is ours. The budget is a set of named areas, each with
-its own limit, and a total that is the sum of the limits:
+mountpoint-s3's mem_limiter.rs, ours (docs/design/memory.md): named areas,
+each with its own limit, and a total that is the sum of the limits:
 
-- PREFETCH: the BlockFetcher's prefetches in flight, its prefetched blocks
-  not yet read and its recently read blocks (DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT
-  x DATASET_MOUNT_READ_BLOCK_SIZE).
-- DEMAND: blocks a reader waits for, while they are fetched. Limit 0: demand
-  reads take their bytes with `reserve`, which never fails and never waits,
-  even past the total (mountpoint-s3's rule: a demand read must never
-  deadlock behind prefetch), and while they are over, background work waits.
-- DISK_QUEUE: blocks waiting for the disk tier's writers
-  (DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE).
+- PREFETCH: the BlockFetcher's prefetches in flight, prefetched blocks not
+  yet read and recently read blocks (READ_BUFFER_BLOCK_COUNT x BLOCK_SIZE).
+- DEMAND: blocks a reader waits for. Limit 0: `reserve` never fails and
+  never waits, even past the total (a demand read must never deadlock
+  behind prefetch); while demand is over, background work waits.
+- DISK_QUEUE: blocks waiting for the disk tier's writers.
 - UPLOAD: the rw_mount upload buffers (2 x upload threads x 8 MiB blocks).
 
-Background work asks with `try_reserve` (prefetch, the disk queue: they
-would rather skip a block than wait) or `acquire` (an upload: it waits for
-room). Both succeed only when the area stays within its limit and the whole
-budget within its total. The per-area limits are the bounds each consumer
-had on its own before there was one budget (the knobs of the Azure ML
-runtime size them), so the total is never looser than their sum; the RAM
-tier (DATASET_MOUNT_MEMORY_CACHE_SIZE) is its own bounded cache, apart.
+Invariant: `try_reserve` (prefetch, the disk queue: rather skip than wait)
+and `acquire` (an upload: waits) succeed only when the area stays within its
+limit and the whole budget within its total. The RAM tier is apart.
 
 In a container the budget must also fit the cgroup's memory limit
 (`cgroup_memory_limit`: memory.max under cgroup v2, memory.limit_in_bytes
@@ -176,8 +168,8 @@ class MemoryBudget:
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
 # What the daemon holds outside the budget and the RAM tier: the interpreter,
-# its modules, libfuse and the HTTP pools (a mount daemon's RSS at rest is
-# ~60 MiB; twice that leaves room for the allocator's fragmentation).
+# its modules, libfuse and the HTTP pools, twice over for the allocator's
+# fragmentation. Why 128 MiB: docs/design/memory.md ("Interpreter headroom").
 INTERPRETER_HEADROOM = 128 << 20
 # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1.
 _V1_UNLIMITED = 1 << 60

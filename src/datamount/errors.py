@@ -2,8 +2,8 @@
 errors, an errno (FUSE and OS callers).
 
 Storage backends never raise these classes
-directly from SDK code: `storage.errors.translate` maps service errors onto them
-through one table.
+directly from SDK code: `storage.errormap.translate` maps service errors onto them
+through one table. No threads; plain exception classes.
 """
 
 from __future__ import annotations

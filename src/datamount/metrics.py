@@ -28,8 +28,8 @@ from prometheus_client.registry import Collector
 
 from datamount.errors import DataError
 
-# Latency buckets of one storage request, 1 ms .. 60 s (a 2 MiB range from the
-# same region takes 10-50 ms; a throttled one seconds).
+# Latency buckets of one storage request, 1 ms .. 60 s (a throttled one takes
+# seconds). Why: docs/design/ro_mount.md ("Metrics overhead").
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 # FUSE operations: 10 us (a cached getattr) .. 10 s (a cold read behind a slow store)

@@ -1,6 +1,6 @@
 """Typed settings of the runtime, read once from an environment mapping.
 
-One job: turn the Azure ML data-runtime variables (DESIGN.md §3) and
+One job: turn the Azure ML data-runtime variables (docs/configuration.md) and
 datamount's own DATAMOUNT_* knobs into one validated, frozen `Settings` value.
 `Settings.from_env(environ)` is the only entry point the CLI needs; it never
 reads `os.environ` itself (the CLI passes it in), so no module below the CLI
@@ -316,7 +316,7 @@ class Settings(BaseModel):
     # false: the rename alone (atomic for a process crash), at page-cache speed.
     download_fsync: Flag = Field(True, alias="DATAMOUNT_DOWNLOAD_FSYNC")
     # > 1: a download's small files are fetched by that many worker processes
-    # (transfer.lane), each with its own connection pool and GIL; 1: in-process.
+    # (transfer.processlane), each with its own connection pool and GIL; 1: in-process.
     download_processes: Threads = Field(1, alias="DATAMOUNT_DOWNLOAD_PROCESSES")
     # > 1: a ro_mount's block fetches (whole small files, blocks, runs of blocks)
     # are made by that many worker processes (read/fetchlane.py), each with its own

@@ -5,30 +5,23 @@ into an errno through one funnel (`_funnel`): an OSError keeps its errno, any
 other exception is logged with its traceback and becomes EIO — the daemon
 never crashes on a bad request. The only module that imports mfusepy.
 
-Kernel-facing choices (see `run`):
-- read-only (`ro`) unless the filesystem has a write side (`fs.writes`: rw_mount);
+Kernel-facing choices (see `run`; why each: docs/design/ro_mount.md, "What
+the kernel is told"):
+- read-only (`ro`) unless the filesystem has a write side (`fs.writes`);
   multithreaded (libfuse's worker pool, `max_threads`);
 - attr / entry / negative timeouts equal the attribute cache TTL (none set:
   a year, i.e. never), so the kernel caches no longer than the daemon does;
 - `keep_cache` on an open whose pinned version is the one the previous open
-  saw: warm re-reads come from the page cache without entering Python; an
-  open that pins a version the namespace saw change drops the kernel's
-  attributes of that path first (`fuse_invalidate_path`);
-- reads as large as the kernel allows: libfuse 3 sizes max_pages from
-  max_write (1 MiB, FUSE_MAX_MAX_PAGES = 256 pages), so a read request
-  carries up to 1 MiB; readahead is what the kernel proposes (it can only be
-  lowered at INIT) and the daemon raises the mount's bdi readahead after;
-- no FLUSH on a read-only mount: the callback is left out (`_not_served`),
-  so libfuse answers the first close(2) with ENOSYS and the kernel sends no
-  FLUSH again (fc->no_flush): a small file costs lookup, open, read and
-  release, one round trip less each;
-- readdirplus: directory entries carry their full attributes (the listing
-  already has them), so `ls -l` makes no lookup per entry. mfusepy 3.1 fills
-  only the mode; `_Fuse.readdir_fuse_3` fills the whole stat when the kernel
-  asks for plus.
+  saw; an open that pins a version the namespace saw change drops the
+  kernel's attributes of that path first (`fuse_invalidate_path`);
+- reads up to 1 MiB (libfuse 3 sizes max_pages from max_write);
+- no FLUSH on a read-only mount (`_not_served`: ENOSYS once, then none);
+- readdirplus: entries carry their full attributes (`_Fuse.readdir_fuse_3`
+  fills the whole stat; mfusepy 3.1 only the mode).
 
-Threads: libfuse's workers call in concurrently; `run` blocks its calling
-thread until the filesystem is unmounted or `stop_loop` is called.
+Threads: libfuse's workers call in concurrently, each keeping its Python
+thread state (`_keep_thread_state`); `run` blocks its calling thread until
+the filesystem is unmounted or `stop_loop` is called. No lock of its own.
 """
 
 from __future__ import annotations
@@ -114,7 +107,8 @@ def _keep_thread_state(ident: int) -> None:
     zero, so the callbacks after this one reuse it; each still takes the GIL
     on entry and gives it back on return. libfuse keeps its workers for the
     mount's life (max_idle_threads = max_threads), so a kept state is never
-    one of an ended thread until the loop stops."""
+    one of an ended thread until the loop stops. Why: docs/design/ro_mount.md
+    ("Kept thread states")."""
     _kept.add(ident)
     ctypes.pythonapi.PyGILState_Ensure()
 

@@ -4,21 +4,15 @@ One job: answer "what is at this path" and "what is in this directory" for a
 read-only tree of blobs, with as few storage requests as the answers allow.
 
 - `list_dir(path)` streams a directory page by page (`list_pages(prefix,
-  delimiter='/')`): entries are yielded as each page arrives, so the first
-  names of a 20,000-entry folder reach the caller after one request. Virtual
-  directories come from prefixes; folder markers (`x/` blobs, ADLS `is_dir`
-  blobs) are directories, never files; a name that is both a blob and a
-  prefix is shown once, as the directory (like mountpoint-s3: a directory
-  shadows a file of the same name).
-- `getattr(path)` answers from the attribute cache (filled by listings, so
-  `ls -l` costs the listing requests only), else from the parent's complete
-  cached listing (a missing name there is ENOENT without a request). The
-  first miss in a folder lists that folder (up to PARENT_LISTING_MAX
-  entries: one or two requests; concurrent misses wait for that one
-  listing), so a job opening files by name from its own file list pays no
-  request per file. Otherwise one lookup listing (`list_pages(key,
-  delimiter='/')`: the blob `key` and the prefix `key/` sort next to each
-  other, so one request sees both).
+  delimiter='/')`): entries are yielded as each page arrives. Prefixes and
+  folder markers (`x/` blobs, ADLS `is_dir` blobs) are directories; a name
+  that is both a blob and a prefix is shown once, as the directory.
+- `getattr(path)` answers from the attribute cache (filled by listings), else
+  from the parent's complete cached listing (a missing name there is ENOENT
+  without a request). The first miss in a folder lists that folder (up to
+  PARENT_LISTING_MAX entries; concurrent misses wait for that listing);
+  otherwise one lookup listing (`list_pages(key, delimiter='/')` sees both
+  the blob `key` and the prefix `key/`).
 - Results, including missing names, are kept for `ttl` seconds (None: never
   expire, the read-only default of Azure ML).
 - A uri_file mount (`file_key`) shows exactly that one blob at the root.

@@ -4,32 +4,23 @@ One job: turn path and handle operations into Namespace lookups and Reader
 reads, raising `OSError` with the errno the caller should see. No FUSE import,
 so every operation is testable without a kernel (tests/test_fs_ops.py).
 
-Consistency (DESIGN.md §4, "objects are identified by (location, etag)"):
-`open` pins the handle to the version it saw — key, etag and size, an
-`ObjectId` — and every read of that handle asks the Reader for that version
-only. A blob overwritten (or deleted) while a handle is open is never served as
-a mix of old and new bytes: the handle's next read that reaches storage fails
-with ESTALE (the NFS answer to "the file you opened is gone"), and the name's
-cached attributes are dropped so that the next `open` pins the new version
-(an `open` whose cached version is already gone from storage looks the name up
-again once). When an `open` pins a version other than the one the namespace
-saw before, `kernel_attrs_stale` tells the adapter to drop the kernel's
-attributes of that path (size included), which may be older than the
-namespace's.
-Bytes already in the kernel page cache for the pinned version may still be
-served: they are the old version, whole. `open` tells the caller whether the
-kernel may keep its page cache (`keep_cache`): only when the version is the
-one the previous open of that blob saw, so warm re-reads of an unchanged file
-never enter Python and a changed one never shows stale pages.
+Consistency (docs/semantics.md, "objects are identified by (location, etag)"):
+`open` pins the handle to the version it saw (an `ObjectId`: key, etag,
+size) and every read of that handle asks the Reader for that version only.
+A blob overwritten or deleted while a handle is open is never served as a
+mix: the handle's next read that reaches storage fails with ESTALE, and the
+name's cached attributes are dropped so that the next `open` pins the new
+version. When an `open` pins a version other than the one the namespace saw
+before, `kernel_attrs_stale` tells the adapter to drop the kernel's
+attributes of that path. `keep_cache` only when the version is the one the
+previous open of that blob saw: warm re-reads never enter Python, and a
+changed file never shows stale pages.
 
-Everything that would write (write, create, mkdir, unlink, rename, truncate,
-chmod, utimens, setxattr, ...) fails with EROFS.
+Everything that would write (write, create, mkdir, rename, chmod...) is EROFS.
 
-A filesystem that also writes (rw_mount: `fs.writable.WritableFS`) extends
-this one through the hooks of its "hooks" section — what a name's attributes
-and a folder's entries are (`lookup`, `listing`), what an open file reads and
-lets go (`handle_of`, `attrs_of`, `let_go`) — and adds the write operations.
-Its `writes` (None here) is what the daemon finishes at unmount (`Writes`).
+`fs.writable.WritableFS` (rw_mount) extends this one through its "hooks"
+(`lookup`, `listing`, `handle_of`, `attrs_of`, `let_go`) and adds the write
+operations; its `writes` (None here) is what the daemon finishes at unmount.
 This module imports nothing of the write path.
 
 Threads: FUSE calls in from many threads at once. Handles are independent

@@ -24,11 +24,9 @@ One job: the table `path -> writeback.Staged` and its lifecycle, so that
 Threads: any FUSE thread, and one "reupload" thread at start. `_lock`
 guards the table and handle counts and is never held across I/O; `choosing`
 (taken around "attach or stage", renames and unlinks) makes those decisions
-atomic per mount.
-
-It stays in fs/ (not write/): it is the namespace's view of the staged files
-(paths, `Attrs`, invalidations), so in write/ it would make the write path
-import fs/.
+atomic per mount (a rename's storage calls run under it); it is taken before
+any other lock. Why in fs/, not write/:
+docs/design/rw_mount.md ("Threads and locks").
 """
 
 from __future__ import annotations

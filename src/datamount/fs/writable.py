@@ -5,46 +5,28 @@ One job: the write side of the FUSE filesystem, testable without a kernel
 (tests/test_fs_writable.py drives it over a MemoryStore).
 
 - Files being written live in a staged file (`writeback.Staged`), one per
-  path, shared by every handle open on that path: reads of a file being
-  written, from the same handle or another, see the written bytes. Opening an
-  existing blob for writing without O_TRUNC first copies its bytes into the
-  staged file (through the mount's read path); with O_TRUNC, or `create`,
-  the staged file starts empty.
+  path, shared by every handle on it, so every reader sees the written
+  bytes. Opening a blob for writing without O_TRUNC first copies it in
+  (through the mount's read path); with O_TRUNC, or `create`, it starts empty.
 - `flush` (every close(2)), `fsync` and the last `release` upload a dirty
-  staged file (`WriteBack.upload`) and return once the blob is committed; a
-  failed upload is EIO to the writer and the bytes stay staged (journal
-  `failed`), retried at unmount and by the next mount with the same cache.
-  Once every handle is closed and the blob is in storage, the staged file is
-  dropped and reads go back to the read-only path (block cache).
-- Folders and moves are `fs.folders`: on blob storage, a flat namespace,
-  `mkdir` writes a folder marker blob (`dir/`, metadata hdi_isfolder=true:
-  durable, and seen as a folder by every other reader — Azure ML, blobfuse2,
-  Storage Explorer), `rmdir` deletes it (ENOTEMPTY when anything is below),
-  `rename` is copy + delete per blob (a folder: every blob under it) and is
-  not atomic; on a local output path a folder is a directory (mkdir, rmdir,
-  rename(2)). `unlink` deletes.
-- A uri_file output (`namespace.file_key`) shows its one name at the root;
-  it can be created, written, truncated and deleted, and no other name (EACCES).
-- chmod, chown and utimens are accepted and ignored: blobs have no owner or
-  mode, and their time is the service's last-modified time. Files show as
-  0755 (a script written to an output can be run), folders 0755.
-- New names (create, mkdir, rename's target) with a backslash are EINVAL:
-  Azure reads it as `/`, so the name would come back as a folder. A name
-  not valid UTF-8 (as blob names are) is EILSEQ, ZFS utf8only's answer, named
-  in one log line; nothing is staged. A lookup of one is ENOENT.
-- The namespace's caches are invalidated by every change made here; the
-  kernel's own caches follow its dentries.
+  staged file and return once the blob is committed; a failed upload is EIO
+  and the bytes stay staged (journal `failed`). Once every handle is closed
+  and the blob is stored, the staged file is dropped.
+- Folders and moves are `fs.folders` (marker blobs; rename is copy + delete,
+  not atomic; a local output path has real directories). `unlink` deletes.
+- A uri_file output (`namespace.file_key`) shows its one name (others: EACCES).
+- chmod, chown and utimens are accepted and ignored; files and folders 0755.
+- New names with a backslash are EINVAL, names not valid UTF-8 EILSEQ.
+- Every change here invalidates the namespace's caches.
 
-The table of staged files, their lifecycle and how they follow a rename are
-`fs.staged.StagedFiles`. ReadOnlyFS's hooks carry what else differs: names
-and listings show staged files (`lookup`, `listing`); a handle on a staged
-file reads it (`handle_of`, `attrs_of`) and uploads it at release (`let_go`).
-The filesystem is its own `writes` (`finish_writes`, for the daemon).
+The staged files' table and lifecycle: `fs.staged.StagedFiles`, reached
+through ReadOnlyFS's hooks; the filesystem is its own `writes`. Why each
+rule: docs/design/rw_mount.md.
 
-Threads: any FUSE thread. ReadOnlyFS's lock guards the handle table and
-counters and is never held across I/O; `staged.choosing` makes "attach to
-the staged file of this path or create it", renames and unlinks atomic (the
-copy of an existing blob runs after it is released).
+Threads: any FUSE thread. `staged.choosing` makes attach-or-stage, renames
+and unlinks atomic (a rename's storage calls run under it; the copy of an
+existing blob after it); ReadOnlyFS's lock (handle table, counters) is
+never held across I/O.
 """
 
 from __future__ import annotations

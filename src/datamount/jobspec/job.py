@@ -1,4 +1,4 @@
-"""Job specs: the three shapes of DESIGN.md §1 and the Azure ML type × mode table.
+"""Job specs: the three shapes of docs/specs.md and the Azure ML type × mode table.
 
 `load_spec(path)` / `parse_spec(mapping)` return a `JobSpec` or raise
 `SpecError` carrying one line per problem, each naming the input and field.

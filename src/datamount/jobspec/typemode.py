@@ -69,7 +69,7 @@ _OUTPUT_MODES = (Mode.UPLOAD, Mode.RW_MOUNT, Mode.DIRECT)
 # Model inputs: download, ro_mount and direct, as azure-ai-ml's ModelInputSchema
 # (_schema/job/input_output_entry.py) allows; no eval_* (those read an MLTable).
 _MODEL_INPUT_MODES = (Mode.DOWNLOAD, Mode.RO_MOUNT, Mode.DIRECT)
-# The Azure ML table (DESIGN.md §1), as the SDK has it: every output type may
+# The Azure ML table (docs/specs.md), as the SDK has it: every output type may
 # be direct (the command receives the resolved URI; azure-ai-ml's OutputSchema
 # allows upload, rw_mount, direct and the legacy mount for every type).
 ALLOWED_MODES: dict[tuple[Direction, DataType], tuple[Mode, ...]] = {

@@ -2,7 +2,7 @@
 
 Pure string work: no I/O, no workspace lookups (that is `workspace.resolve`).
 
-Forms (DESIGN.md §1):
+Forms (docs/specs.md, paths):
   ./rel, /abs, file:///abs                          → LOCAL
   http(s)://host/...                                → HTTP (a public file)
   https://<acct>.blob.<suffix>/<container>/<p>      → BLOB

@@ -120,8 +120,8 @@ def _csv_by_lines(
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Parse each block of whole lines on its own (types inferred per block,
     unified when the table is assembled). Arrow's own streaming reader reads
-    ahead on a background thread (2-4 MiB measured past a satisfied take);
-    this fetches exactly the blocks the consumer pulls. Valid when a newline
+    ahead on a background thread (docs/design/mltable.md, "Fetch only what
+    the pipeline pulls"); this fetches exactly the blocks the consumer pulls. Valid when a newline
     byte always ends a record: no quoted line breaks, a byte-oriented encoding."""
     codec = CODECS[opts.encoding]
     encoding = "utf8" if codec == "utf-8-sig" else codec  # Arrow drops a UTF-8 BOM

@@ -12,7 +12,7 @@ presents those files, and that MLTable, as one read-only FileListStore;
 ordinary Downloader; `eval_mount` evaluates in the `mount` command and its
 daemon serves the listing with the ordinary read-only FUSE stack. Each file
 is read from its own store with its own credential, pinned to the version
-evaluated.
+evaluated. Threads: none of its own (the evaluation runs in the caller's).
 """
 
 from __future__ import annotations

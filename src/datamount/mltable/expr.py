@@ -21,6 +21,7 @@ expression is true: `col("a") > 1` drops rows where `a` is null, exactly as
 SQL. `and`/`or` use three-valued logic.
 
 Evaluation (`evaluate`) works on a pyarrow RecordBatch with pyarrow.compute.
+Pure functions; no threads.
 """
 
 from __future__ import annotations

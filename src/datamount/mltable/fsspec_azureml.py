@@ -13,7 +13,7 @@ code outside datamount, so it reads the environment, once, at construction).
 Read-only.
 
 Paths inside this filesystem are `datastores/<ds>/paths/<p>` (protocol
-stripped).
+stripped). Threads: none of its own; reads run on adlfs's, as fsspec drives it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ its rows, so the readers never fetch the blocks after them. Row-level
 `take_random_sample` keeps row i (counted over the whole stream) when the i-th
 draw of numpy's default_rng(seed) is below the probability (`sample`: at or
 above its lower bound too). `select_partitions` keeps the rows of the
-partitions the readers number (Chunk.part).
+partitions the readers number (Chunk.part). Runs on the consumer's thread
+(the parquet reader's short-lived prefetch pool aside: readers.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A Workspace is used as given; a str or os.PathLike names a workspace file;
 None (or "") finds one the way the CLI does (`find_workspace`):
 `DATAMOUNT_WORKSPACE`, else `./configs/workspace.yaml`. The entry points are their own composition
 roots, so they pass `os.environ` and the working directory in; this module
-reads neither.
+reads neither. No threads.
 """
 
 from __future__ import annotations

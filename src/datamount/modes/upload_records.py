@@ -8,6 +8,9 @@ spec entry it belongs to; `datamount unmount MOUNTPOINT` finds that record,
 uploads the folder's content through the transfer engine, registers the asset
 when the output names one, and empties the local folder. A failed upload keeps
 both the folder and the record, so the unmount can simply be run again.
+
+Threads: none of its own. Between processes, a record is held under an
+exclusive flock while its folder is uploaded.
 """
 
 from __future__ import annotations

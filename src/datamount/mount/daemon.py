@@ -58,12 +58,10 @@ from datamount.mount.table import POLL, find_mount, fusermount, unmount_while_bu
 log = logging.getLogger("datamount.daemon")
 
 # glibc gives each thread that contends for malloc an arena of its own (up to 8 per
-# core), and each keeps the 2 MiB block buffers freed into it for that thread alone:
-# measured on workload 3 of benchmarks/mount.py (random preads, scale 0.25), daemon
-# peak RSS 416 MiB with the default, 261 MiB with 2 arenas (budget peak use 82 MiB and
-# RAM tier 128 MiB in both), same CPU. A fixed mmap threshold below the block size
-# returns them too (227 MiB) but every block then costs fresh page faults: 0.6 s of
-# system CPU per GiB allocated, measured, so it is not done.
+# core), and each keeps the 2 MiB block buffers freed into it for that thread alone.
+# A fixed mmap threshold below the block size would return them too, but every block
+# would then pay fresh page faults, so it is not done.
+# Why 2 arenas: docs/design/memory.md ("malloc arenas").
 MALLOC_ARENAS = 2
 _M_ARENA_MAX = -8  # glibc's malloc.h
 

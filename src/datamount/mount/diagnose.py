@@ -28,9 +28,8 @@ log = logging.getLogger("datamount.daemon")
 MIN_REQUESTS = 20  # fewer storage requests than this say nothing about storage
 THROTTLED_SHARE = 0.05  # 1 throttled response in 20: the account pushes back
 # Cores: CPython serves FUSE and the read path mostly on one, and less than a
-# whole one when saturated: its FUSE threads hand the GIL around (measured by
-# benchmarks/diagnose.py: 8 threads of RAM-served 4 KiB reads kept the daemon
-# at 0.61-0.82 cores, nothing else limiting, ~10 of its threads runnable).
+# whole one when saturated: its FUSE threads hand the GIL around.
+# Why 0.6: docs/design/ro_mount.md ("Diagnosis thresholds").
 CPU_BOUND = 0.6
 THREADS_BUSY = 0.9  # read threads busy on average, as a share of the pool
 LOW_LATENCY = 0.2  # seconds per ranged read: storage answers fast

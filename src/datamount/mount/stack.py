@@ -7,7 +7,7 @@ Scheduler) → TieredCache (RAM LRU ▸ disk blocks) → BlockReader with adapti
 prefetch, or the WholeFileReader over it when
 DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED is false. In block mode, the
 file-ahead prefetcher (read.ahead) watches the opens and takes loader hints,
-and DenseFill (read.dense) fills files whose random reads became dense.
+and DenseFill (read.densefill) fills files whose random reads became dense.
 
 Threads: owns the threads it starts (scheduler workers, disk-cache writers,
 upload workers) and stops them in `Stack.close()`.

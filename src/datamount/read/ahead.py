@@ -39,8 +39,8 @@ from datamount.read.stats import MountStats
 
 log = logging.getLogger("datamount.ahead")
 
-# Files fetched ahead of the reader at most: 32 small files are ~40 ms of
-# requests on 8 read threads, more than one open's latency ahead.
+# Files fetched ahead of the reader at most: more than one open's latency
+# ahead. Why 32: docs/design/ro_mount.md ("File-ahead bounds").
 AHEAD_FILES = 32
 # Listings the folder-order policy keeps: mount-relative paths (so a tail is
 # the plan as it is, with no path built per name per open), ~150 bytes each

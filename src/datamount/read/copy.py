@@ -3,10 +3,10 @@ from a cached block, a block staged for an O_DIRECT write; and the
 uninitialised, page-aligned buffers blocks are fetched into (`empty`), which
 the disk tier's O_DIRECT write sends as they are.
 
-A memoryview slice assignment holds the GIL for the whole memcpy (~0.2 ms per
-MiB on this VM: 0.2 GIL-s per GiB for each copy of a cold sequential read).
-numpy's array assignment releases it around the memcpy; its call costs ~2 us
-against ~0.6 us, so small copies stay on the slice assignment.
+A memoryview slice assignment holds the GIL for the whole memcpy; numpy's
+array assignment releases it around the memcpy but costs more per call, so
+small copies stay on the slice assignment (docs/design/ro_mount.md,
+"Fetch buffers").
 
 No threads of its own; safe from any thread (the caller owns `dst`).
 """
@@ -19,7 +19,8 @@ import numpy as np
 
 from datamount.read.blocks import BlockData
 
-# Below this, numpy's call overhead (~2 us) is more than the copy holds the GIL.
+# Below this, numpy's call overhead is more than the copy holds the GIL.
+# Why 64 KiB: docs/design/ro_mount.md ("Fetch buffers").
 GIL_FREE_MIN = 64 * 1024
 PAGE = 4096  # O_DIRECT's alignment of a buffer's address, offset and length
 
@@ -27,8 +28,8 @@ PAGE = 4096  # O_DIRECT's alignment of a buffer's address, offset and length
 def empty(size: int) -> memoryview:
     """A writable buffer of `size` uninitialised bytes (numpy.empty: malloc
     without a memset). From GIL_FREE_MIN bytes it starts on a page (4 KiB more
-    are allocated), so an O_DIRECT write can take it without the copy into an
-    aligned buffer that cost 0.37 ms of CPU per 2 MiB block (0.19 s per GiB)."""
+    are allocated), so an O_DIRECT write can take it without a copy into an
+    aligned buffer (docs/design/cache.md, "O_DIRECT block files")."""
     if size < GIL_FREE_MIN:
         return np.empty(size, np.uint8).data
     raw = np.empty(size + PAGE, np.uint8)
@@ -45,7 +46,8 @@ def page_aligned(view: BlockData) -> bool:
 
 
 def _address(array: np.ndarray) -> int:
-    """Where a writable array's bytes start (~0.9 us; __array_interface__ ~3 us)."""
+    """Where a writable array's bytes start (cheaper than __array_interface__:
+    docs/design/ro_mount.md, "Fetch buffers")."""
     return ctypes.addressof(ctypes.c_char.from_buffer(array))  # type: ignore[arg-type]
 
 

@@ -1,31 +1,23 @@
 """Dense fill: when random reads of a file become dense, the rest of the
 file is fetched into the block cache in the background.
 
-Every random read of a block-mode handle (one its PrefetchPolicy does not
-count as a sequential stream) is reported with `on_random_read`; one
-DensePolicy per object version (prefetch/dense.py), shared by every handle
-on it, decides when and how much of the file to fill: nothing until the
-reads have touched START_SHARE of its blocks, then, read after read, as
-much as keeps the bytes fetched within 2 x the blocks touched x the block
-size (a file read in parts: once its part misses pay for the fill); it also
-grants a random miss a part read (read/parts.py).
-A file is a candidate only if it takes at most FIT_SHARE of the cache (RAM
-tier + disk tier limit, from `capacity()`): a fill must neither prune its
-own first blocks nor flush the whole cache.
+Every random read of a block-mode handle is reported with `on_random_read`;
+one DensePolicy per object version (prefetch/dense.py), shared by every
+handle on it, decides when and how much of the file to fill, and grants a
+random miss a part read (read/parts.py). A file is a candidate only if it
+takes at most FIT_SHARE of the cache (RAM tier + disk tier limit,
+`capacity()`): a fill must neither prune its own first blocks nor flush the
+whole cache.
 
 A fill goes through `BlockFetcher.fill`: the same single flight, cache and
-PREFETCH area of the memory budget as prefetch, in runs of up to RUN_BYTES
-(parallel ranged GETs on the scheduler's prefetch lane, so demand reads go
-first, and a demand read of a block a fill has queued promotes it). The
-runs of one policy answer stay in flight while the next answer's are
-scheduled: as many runs at once as the budget admits. Filled blocks go to
-the cache and give their budget back at once; with the disk tier on, a fill
-waits while the disk queue has no room for its blocks in flight, so none is
-dropped on the way to the disk (and fetched again). Blocks handed out are
-fetched after their handles close (the policy already counted them) and a
-file's fill stops at a failed fetch (ESTALE: a version change), a stall or
-close. Counters (MountStats): dense_fills (files whose fill started),
-filled_blocks.
+PREFETCH area as prefetch, in runs of up to RUN_BYTES on the prefetch lane
+(demand reads go first; a demand read of a queued fill block promotes it),
+as many runs at once as the budget admits. Filled blocks go to the cache and
+give their budget back at once; with the disk tier on, a fill waits while
+the disk queue has no room for its blocks in flight, so none is dropped on
+the way to disk. Blocks handed out are fetched even after their handles
+close; a file's fill stops at a failed fetch (ESTALE), a stall or close.
+Counters (MountStats): dense_fills, filled_blocks.
 
 Threads: one worker ("datamount-fill") schedules the fills, in the order
 the policies answered; `on_random_read` takes a lock briefly and only

@@ -2,35 +2,25 @@
 from storage, fetched at most once at a time.
 
 - `start(key)` / `get(key)`: a held or cached block is returned at once;
-  otherwise one `store.read_into_views` of the block's span (pinned to the
-  etag: a changed object raises VersionChanged, an OSError with errno ESTALE)
-  runs on the scheduler's demand lane and the block is put in the cache. Each
-  block is read into a buffer of its own (`block_buffer`) and kept as a
-  read-only memoryview of it: never copied out of a shared request buffer.
+  otherwise one `store.read_into_views` of the block's span, pinned to the
+  etag (a changed object raises VersionChanged: ESTALE), runs on the
+  scheduler's demand lane, and the block is put in the cache. Each block is
+  read into a buffer of its own (`block_buffer`), kept as a read-only view.
 - Single flight: a Future per BlockKey in flight; every concurrent reader of
   the block waits for the same request. A reader that starts waiting for a
-  queued prefetch promotes it to the demand lane, so demand reads are never
-  stuck behind prefetches.
-- `prefetch(key)` / `prefetch_many(keys)`: non-blocking; schedules fetches on
-  the prefetch lane for the blocks not cached, held or in flight, and only
-  when the memory budget allows (the blocks taken are a prefix of `keys`:
-  demand reads never wait for budget). Consecutive blocks of one object are
-  fetched together, up to RUN_BYTES per ranged GET, then split into blocks:
-  each block still has its own flight (single flight, held and cached per
-  block), the blocks of one run share the request and its scheduler ticket.
-  `fill(keys)` is the same for a dense fill (read/densefill.py), whose blocks go
-  to the cache and give their budget back instead of being held until read.
-- Memory budget: the PREFETCH area of the mount's MemoryBudget (budget.py),
-  shared by every open file of the mount, bounds the bytes this fetcher
-  owns: prefetches queued or in flight, prefetched blocks not yet read, and
-  recently read blocks, all kept in its HeldBlocks (cache/held.py, which
-  says why each is held and for how long). A demand fetch takes its block's
-  bytes in the DEMAND area, which never fails or waits, until the block is
-  delivered.
+  queued prefetch promotes it to the demand lane.
+- `prefetch(key)` / `prefetch_many(keys)`: non-blocking; schedules the blocks
+  not cached, held or in flight on the prefetch lane, as far as the memory
+  budget allows (a prefix of `keys`). Consecutive blocks go out together, up
+  to RUN_BYTES per ranged GET, each block keeping its own flight. `fill(keys)`
+  is the same for a dense fill (read/densefill.py), whose blocks go to the
+  cache and give their budget back instead of being held until read.
+- Memory: prefetches queued or in flight, prefetched blocks not yet read and
+  recently read blocks are held in the PREFETCH area (cache/held.py); a
+  demand fetch takes the DEMAND area, which never fails or waits
+  (docs/design/memory.md).
 - Counters (MountStats): misses, blocks_fetched, bytes_fetched, fetch_requests,
-  prefetched_blocks, prefetch_used (a prefetched block later read: counted
-  here when a reader joins its flight, in cache/held.py once it is held) and
-  prefetch_wasted (cache/held.py).
+  prefetched_blocks, prefetch_used, prefetch_wasted (with cache/held.py).
 
 Threads: any thread calls in; fetches run on the scheduler's workers. One
 lock guards the maps and the hold; cache and store calls run outside it.
@@ -64,11 +54,8 @@ from datamount.storage.base import ObjectStore
 log = logging.getLogger("datamount.fetch")
 
 # Consecutive prefetched blocks go out as one ranged GET of up to this many
-# bytes. Measured against Azurite (8 threads reading a 1 GiB blob, same
-# rounds): 1-4 MiB ranges 300-490 MB/s, 6-16 MiB ranges 450-1600 MB/s. Much
-# of that is Azurite's: it computes the MD5 of every ranged answer of at most
-# 4 MiB (1 GiB in 4 MiB ranges cost it 5.5 CPU-s, in 6-32 MiB 1.8-2.1 s),
-# which Azure does not; the downloader uses 8 MiB ranges too.
+# bytes; the downloader uses 8 MiB ranges too.
+# Why 8 MiB: docs/design/ro_mount.md ("Run size").
 RUN_BYTES = 8 * 1024 * 1024
 
 
@@ -79,10 +66,8 @@ def block_buffer(size: int) -> memoryview:
     block's heap memory is reused as it is and fresh pages are first touched
     inside the socket read, which runs without the GIL; page-aligned from
     64 KiB, so the disk tier writes it with O_DIRECT without a copy (read/copy.py
-    `empty`). Measured on a cold 1 GiB read (py-spy --gil): a zeroed bytearray
-    per request and a bytes copy per block held the GIL 0.6 of 1.2 s; an
-    anonymous mmap per block moved the page faults out of the GIL but cost
-    +0.8 CPU-s per GiB (a fault per 4 KiB page)."""
+    `empty`). Why not a zeroed buffer or an mmap per block:
+    docs/design/ro_mount.md ("Fetch buffers")."""
     return empty(size)  # a writable memoryview, format "B"
 
 
@@ -238,9 +223,9 @@ class BlockFetcher:
             if self._closed:
                 return 0, []
             # A budget-bound reader offers again, from the run that did not fit,
-            # at every read (964 of 1,024 reads of a cold 1 GiB read): until the
-            # share has room for that run, no per-key work (a run that became
-            # shorter meanwhile waits for that room too).
+            # at nearly every read (docs/design/ro_mount.md, "Fetch buffers"):
+            # until the share has room for that run, no per-key work (a run that
+            # became shorter meanwhile waits for that room too).
             first, need = self._refused_run
             shut = self._held.shut(need if keys and keys[0] == first else 1)
         if shut:  # the usual offer of a budget-bound reader
@@ -461,8 +446,8 @@ class BlockFetcher:
         del self._flights[flight.key]
         # No reference cycles (flight -> ticket -> job -> flights -> flight, and
         # flight -> run -> flight): a done flight must be freed by its reference
-        # count, or its future's block waits for the cyclic GC (measured: ~360
-        # MiB of finished 8 MiB runs at once in a cold 1 GiB read).
+        # count, or its future's block waits for the cyclic GC
+        # (docs/design/memory.md, "Reference cycles").
         flight.ticket = None
         flight.run = []
         if flight.demand_bytes:

@@ -1,42 +1,29 @@
 """The mount's fetch lane in worker processes (DATAMOUNT_MOUNT_PROCESSES): N
-processes (read/fetchworker.py), each with its own store, connection pool and
-GIL, make the block fetcher's requests — a whole small file, or a run of
-consecutive blocks of a bigger one — and write their disk-tier block files;
-the daemon keeps everything else (the FUSE callbacks, the caches, prefetch,
-single flight, the budget, random part reads).
+processes (read/fetchworker.py), each with its own store, pool and GIL, make
+the block fetcher's requests (a small file, or a run of blocks) and write
+their block files; the daemon keeps FUSE, the caches, prefetch, single
+flight, the budget and part reads. Why: docs/design/lane.md ("Why a lane at all").
 
-Why: of a cold small file read through the mount, its GET (request, signing,
-TLS records) held the daemon's GIL about half of the ~0.4-0.5 ms it held it
-in all, and of a cold sequential read the requests and the disk writer held
-it about half of its ~0.5 s per GiB (py-spy --gil); one GIL is what bounds
-one daemon on a node with many cores (README, The daemon and the GIL).
-
-- `read_into(obj, offset, buffers)` is a blocking call of a fetch thread (the
-  BlockFetcher's, for a request of at most `slab_size` bytes: one block, or
-  `run_blocks` of them): it takes a free slab of one shared memory map, sends
-  the task to the slab's worker, waits, and copies the slab into the
-  blocks' buffers (numpy, without the GIL). Each worker has `threads` slabs,
-  so never more tasks than fetch threads.
-- With the disk tier on, the worker also writes each block's file
-  (blockfile.BlockFiles: whole under its final name or not at all) into
-  room the DiskCache reserved for it (`write_elsewhere`), and the block is
-  indexed before the call returns: the fetcher's cache put then finds it on
-  disk and queues no write (a block the disk had no room for is queued by
-  that put as usual).
-- The shared memory is a file in /dev/shm (the temp folder where there is
-  none), unlinked once every worker has mapped it: nothing is left behind,
-  whatever ends the daemon.
-- Workers start with the 'forkserver' context where the platform has it, else
-  'spawn' (transfer/processlane.py's `fork_context`); the store's recipe, secret
-  included, reaches a worker as its first message over its pipe: never argv
-  or environment.
+- `read_into(obj, offset, buffers)` is a blocking call of a fetch thread (for
+  a request of at most `slab_size` bytes: one block, or `run_blocks`): it
+  takes a free slab of one shared memory map, sends the task to the slab's
+  worker, waits, and copies the slab into the blocks' buffers (numpy, without
+  the GIL). Each worker has `threads` slabs: never more tasks than threads.
+- With the disk tier on, the worker also writes each block's file (whole
+  under its final name or not at all) into room the DiskCache reserved
+  (`write_elsewhere`), indexed before the call returns, so the fetcher's
+  cache put queues no write.
+- The shared memory (/dev/shm, else the temp folder) is unlinked once every
+  worker has mapped it: nothing is left behind, whatever ends the daemon.
+- Workers start from `transfer.processlane.fork_context`; the store's recipe,
+  secret included, reaches a worker over its pipe only.
 - A worker that dies takes no more tasks; its calls in flight go to another
   worker, or, with none left, fail with LaneUnavailable (the fetcher then
-  reads in-process).
-- Errors keep their class (VersionChanged is ESTALE, AccessDenied EACCES...).
+  reads in-process). Errors keep their class (VersionChanged is ESTALE).
 
 Threads: one collector thread (`mount-lane-collect`) receives every worker's
-results and wakes the callers; `read_into` runs on the callers' threads.
+results and wakes the callers; `read_into` runs on the callers' threads. The
+lane's Condition guards the slabs and calls; a worker's send lock its pipe.
 """
 
 from __future__ import annotations

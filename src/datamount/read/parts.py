@@ -1,9 +1,9 @@
 """Part reads: a random read that misses fetches only the bytes it needs.
 
 A random read (one its handle's PrefetchPolicy does not count as a
-sequential stream) of a block in no cache tier and not in flight costs a
-whole-block GET today: 2 MiB for a 64 KiB pread, 8-60 ms on a loaded
-storage. When the file's DensePolicy grants it (read/prefetch/dense.py:
+sequential stream) of a block in no cache tier and not in flight would cost
+a whole-block GET: 2 MiB for a 64 KiB pread. When the file's DensePolicy
+grants it (read/prefetch/dense.py:
 the bytes stay within its sparse bound), the read fetches only its own
 range, rounded out to PART_ALIGN (a page) within the block: one ranged GET pinned to
 the etag like every block fetch, on the scheduler's demand lane, answered
@@ -17,11 +17,8 @@ A read of one block whose part is granted reads it on the reader's own
 thread (`read_part_into`), straight into the reader's buffer when the part
 is the read's range (the kernel's page-aligned reads: the common case):
 no hand-off to a worker and back (a queue, a wake, a GIL hand-off each
-way), no buffer of its own, no copy. Measured on benchmarks/mount.py
-workload 3 (one thread, 68 KiB part misses; timestamps in the daemon): the
-scheduler's submit, the worker's wake, the bytes copy and the wake of the
-reader cost ~0.1 ms of a 1.2 ms miss, ~0.3 ms of which is datamount's.
-A read over two blocks still fetches its parts in parallel on the workers
+way), no buffer of its own, no copy (docs/design/ro_mount.md, "Part
+reads"). A read over two blocks still fetches its parts in parallel on the workers
 (`fetch_part`).
 
 Threads: both are called from a reader's thread; `read_part_into` runs its
@@ -42,13 +39,11 @@ from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.scheduler import SchedulerClosed
 
 # A part read covers its range rounded out to this many bytes (within the
-# block): a page. Measured (benchmarks/mount.py workload 3, whose 64 KiB
-# preads reach the daemon as 68 KiB reads): 64 KiB rounding fetched 266 MiB
-# at 1.39-1.43 daemon CPU-s, 4 KiB 152 MiB at 1.26 CPU-s, wall time alike.
+# block): a page. Why 4 KiB: docs/design/ro_mount.md ("Part reads").
 PART_ALIGN = 4096
 # ...and only in blocks larger than this: a GET of a small block costs about
-# what a part of it does (the per-request cost dominates; README: 1-4 MiB
-# ranges read at 300-490 MB/s), and the block is then cached.
+# what a part of it does (the per-request cost dominates), and the block is
+# then cached. Why: docs/design/ro_mount.md ("Run size").
 PART_MIN_BLOCK = 256 * 1024
 
 

@@ -8,19 +8,15 @@ OSError (ESTALE when the version changed, EIO/EACCES...) on failure.
 Handles are independent and safe to use from several threads at once: reads
 are positional, there is no shared file position.
 
-- `BlockReader`: a read asks the BlockFetcher for the blocks it covers (all
-  of them at once, so a read spanning blocks fetches them in parallel), tells
-  its handle's PrefetchPolicy what it read and schedules the blocks the policy
-  wants ahead, then waits for its own blocks only and assembles the bytes.
-  A read outside a sequential stream is also reported to the mount's
-  DenseFill (read/densefill.py), which fills the rest of a file whose random
-  reads became dense, and grants its misses part reads (read/parts.py:
-  only the read's range, rounded out to `part_align` bytes, not cached)
-  within the file's sparse bound; a sequential read fetches whole blocks.
+- `BlockReader`: a read asks the BlockFetcher for all the blocks it covers
+  at once (fetched in parallel), tells its handle's PrefetchPolicy what it
+  read and schedules the blocks the policy wants ahead, then waits for its
+  own blocks and assembles the bytes. A read outside a sequential stream is
+  also reported to the mount's DenseFill (read/densefill.py), which may fill
+  the rest of the file and grants its misses part reads (read/parts.py).
   Consistency: every block is keyed by the handle's etag, so a read returns
   bytes of that one version; once the object changes, a read that needs a
-  block not yet fetched fails with ESTALE (blocks already held or cached keep
-  serving the old version), never a mix of versions.
+  block not yet fetched fails with ESTALE, never a mix of versions.
 - `DirectReader`: every read is one ranged request (tests, baselines).
 
 Threads: none of their own; reads run in the caller's thread and wait for the

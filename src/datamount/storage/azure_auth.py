@@ -72,8 +72,8 @@ def header_order(name: str) -> tuple[int, ...]:
 # standard header its index in the request's values (-1: absent), the index of
 # Content-Length (signed empty when "0"), and the x-ms-* names in signing order
 # with their indexes. The raw client sends a few fixed name sets, so the
-# lowering, the lookups and the sort run once per set, not once per request
-# (py-spy --gil: string_to_sign was ~3% of a small-file download's GIL time).
+# lowering, the lookups and the sort run once per set, not once per request.
+# Why: docs/design/storage.md ("Per-request Python costs").
 _Layout = tuple[tuple[int, ...], int, tuple[tuple[str, int], ...]]
 _CONTENT_LENGTH = 1 + _SIGNED.index("content-length")  # its line, after the verb's
 

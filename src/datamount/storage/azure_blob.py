@@ -2,56 +2,23 @@
 Gen2 filesystems, read and written through their blob endpoint).
 
 Two request paths, both behind one RetryPolicy (`_call`: every request goes
-through `RetryPolicy.call` and `storage.errors.translate`, the SDK's and
-urllib3's own retries are off, so AZUREML_DATASET_HTTP_RETRY_COUNT is the
-one number of repeats):
+through `RetryPolicy.call` and `storage.errormap.translate`; the SDK's and
+urllib3's own retries are off):
 
 - raw Blob REST requests (storage.azure_raw, signed by storage.azure_auth,
   answers read by storage.azure_list) for everything a download or a mount
-  does: `list_pages`, `stat`, `read`, `read_into`, `read_span`, and for
-  `stage_block` and `put`: one bounded ranged GET per read, the body read
-  straight into the caller's buffer (`read_into`; `read_span`: a piece of
-  the buffer's size at a time) or into one new bytes object (`read`);
+  does: `list_pages`, `stat`, the reads, `stage_block` and `put`: one bounded
+  ranged GET per read, the body read straight into the caller's buffer;
 - the SDK's ContainerClient for `commit_blocks`, `copy` and `delete`, where
-  its cost does not matter. It is imported on the first of those calls
-  (storage.azure_clients): importing it costs more than a small download.
-
-Why, measured against Azurite on loopback (2 cores shared with other work,
-8 threads, per-thread buffers, medians of 6 interleaved rounds; client CPU
-is this process's user+sys):
-
-  1 GiB blob x3, 8 MiB ranges          MB/s   client CPU
-    minimal http.client GET (SAS)      1916   0.45 s
-    read_into, shared key              1799   0.51 s
-    read_into, SAS                     1892   0.50 s
-    SDK download_blob(max_concurrency=8) 464  1.97 s
-  2,000 x 256 KiB blobs
-    minimal http.client GET (SAS)       543   0.25 s
-    read_into, shared key               579   0.28 s
-    SDK download_blob, one per blob     184   2.73 s
-
-A 1-byte read: ~0.53 ms and ~120 us of CPU (a minimal GET ~80 us), the
-SDK's ~1.3 ms and ~840 us. put of 256 KiB: 1.3-1.7x the SDK's upload_blob
-at a fifth of its CPU; stage_block of 8 MiB: the same speed, half the CPU.
-Listing 5,003 blobs (two pages; the same machine, busier, medians of 9
-interleaved rounds): 0.37 s and 0.06 s of CPU, the SDK's 1.15 s and
-0.82 s (its XML deserialisation; Azurite's own time is most of the rest).
-A stat: ~1.8 ms and ~0.2 ms of CPU, the SDK's ~4 ms and ~1.4 ms.
-Importing this module: ~55 ms, ~225 ms when it imported the SDK.
+  its cost does not matter, imported on the first of those calls.
+  Why not the SDK for the rest: docs/design/storage.md ("Why the raw path").
 
 Listings always ask for metadata, so folder markers (`hdi_isfolder`) are
-directories in every listing as they are in `stat`, on ADLS and on blob
-accounts alike.
-
-Identity credentials (user / managed identity) use the raw path too, with a
-bearer token from the same azure-identity credential object (https only).
-Both paths stop a request that receives no byte for `read_timeout` seconds
-(the SDK's through its per-call `read_timeout` option).
-
-The clients are shared per (endpoint, container, credential) by every store
-opened on it (storage.azure_clients, reference counted), with pools of
-`pool_size` keep-alive connections (sized by the composition root to the
-thread counts).
+directories in every listing as in `stat`. Identity credentials use the raw
+path too (a bearer token, https only). Both paths stop a request that
+receives no byte for `read_timeout` seconds. The clients are shared per
+(endpoint, container, credential) (storage.azure_clients, reference counted),
+with pools of `pool_size` keep-alive connections.
 
 Threads: the clients are thread-safe; a store holds no per-request state.
 """

@@ -4,9 +4,9 @@ stat and listing) over its own connection pool, and, created on first use
 only, the SDK's ContainerClient (commit, copy, delete) over one requests
 Session.
 
-Why lazily: importing azure-storage-blob (with azure-core, requests,
-urllib3) costs ~0.2 s, more than a whole `datamount download` of a small
-file spends on requests; a download or a mount never needs it.
+Why lazily: a download or a mount never needs the SDK, and importing it costs
+more than a small download spends on requests (docs/design/storage.md,
+"Why the raw path").
 
 Both pools hold `pool_size` keep-alive connections (the largest size any
 user asked for; the composition root sizes it to the thread counts). The
@@ -195,9 +195,9 @@ def _create_sdk(shared: Shared) -> SdkClients:
         session_owner=False,
         connection_timeout=CONNECT_TIMEOUT,
         read_timeout=DEFAULT_READ_TIMEOUT,  # each store passes its own per call
-        # The SDK uses 256 KiB when it builds its own transport; a transport
-        # we pass in would default to 4 KiB chunks, which doubles the CPU
-        # cost of every MiB read (measured: 3.8 ms vs 2.0 ms per MiB).
+        # The SDK uses 256 KiB when it builds its own transport; one we pass in
+        # would default to 4 KiB chunks. Why: docs/design/storage.md
+        # ("The SDK's transport chunk").
         connection_data_block_size=DATA_BLOCK,
     )
     credential = shared.token_credential or sdk_credential(shared.credential, shared.account)

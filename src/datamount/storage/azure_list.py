@@ -1,10 +1,9 @@
 """Blob service answers read into ObjectInfo and ListPage: a List Blobs page
 (XML), the headers of Get Blob Properties (HEAD) and of Put Blob.
 
-Why not the SDK's deserialiser: listing 5,003 blobs through it costs ~0.8 s
-of CPU, nearly all in its per-field model building; ElementTree's C parser
-plus one pass over the elements does the same work in a fraction of that
-(figures in azure_blob.py).
+Why not the SDK's deserialiser: nearly all its cost is per-field model
+building; ElementTree's C parser plus one pass over the elements does the
+same work in a fraction of that (docs/design/storage.md, "Listings").
 
 The fields are read exactly as azure-storage-blob reads them, so both paths
 give equal ObjectInfos: names marked Encoded="true" are percent-decoded,
@@ -32,8 +31,8 @@ from datamount.storage.base import ListPage, ObjectInfo
 
 PAGE_SIZE = 5000  # the List Blobs maximum: fewest round trips per listing
 # A directory listing (delimiter '/') is what `ls` and os.scandir wait on: its
-# first page is smaller so the first entries arrive early. Measured on Azurite:
-# a 5,000-entry page takes ~0.35 s, a 1,000-entry one ~0.07 s.
+# first page is smaller so the first entries arrive early.
+# Why 1,000: docs/design/storage.md ("Listings").
 FIRST_DIR_PAGE_SIZE = 1000
 FOLDER_KEY = "hdi_isfolder"
 _MONTHS = {
@@ -56,8 +55,8 @@ def quoted_etag(value: str | None) -> str:
 @functools.lru_cache(maxsize=4096)  # a listing repeats seconds: blobs come in batches
 def http_time(text: str | None) -> float | None:
     """An RFC 1123 date ('Sun, 01 Mar 2026 10:00:00 GMT') as a POSIX
-    timestamp; None when absent or unreadable. ~1 us where
-    email.utils.parsedate_to_datetime takes ~8 (5,000 per listing page)."""
+    timestamp; None when absent or unreadable. Not email.utils (5,000 dates
+    per listing page): docs/design/storage.md ("Listings")."""
     if not text:
         return None
     try:
@@ -143,12 +142,11 @@ def parse_list(body: bytes, *, target: str = "") -> tuple[ListPage, str | None]:
     """One List Blobs answer: its page (blobs and, with a delimiter, the
     virtual directories, in the service's order) and the next marker.
 
-    Each <Blob> is read when its end tag is parsed, then cleared: a page of
-    5,000 peaks at ~2 MB instead of ~15 MB for the whole tree (fromstring),
-    parsing as fast (~50 ms per 3.2 MB Azurite page) and leaving the
-    garbage collector less to walk (a 5,003-blob listing: 0.06 s of CPU
-    against 0.11 s). Entries are recognised by depth, not by tag alone: a
-    metadata entry may be called 'Blob' or 'NextMarker'.
+    Each <Blob> is read when its end tag is parsed, then cleared: far less
+    memory than the whole tree (fromstring), as fast, and less for the
+    garbage collector to walk (docs/design/storage.md, "Listings"). Entries
+    are recognised by depth, not by tag alone: a metadata entry may be
+    called 'Blob' or 'NextMarker'.
     """
     page = ListPage()
     marker: str | None = None

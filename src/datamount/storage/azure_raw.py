@@ -5,29 +5,22 @@ each piece handed on before the next is read); puts and staged blocks are
 sent in slices; HEAD (stat) and List Blobs pages (GET on the container,
 parsed by storage.azure_list) are small whole answers.
 
-Why not the SDK: per request it costs ~0.45 ms more CPU and copies an 8 MiB
-body several times (figures in azure_blob.py). Why not urllib3 / requests:
-their `readinto` copies through an intermediate bytes object, and each adds
-per-request Python work; http.client's `readinto` lands in the caller's
-memoryview through `recv_into`, and its cost per request is what a minimal
-reader pays anyway (1-byte GET here: ~80 us of CPU bare, ~120 us with
-signing and the retry wrapper, ~840 us through the SDK).
+Why not the SDK, urllib3 or requests: docs/design/storage.md ("The raw
+request", "Why the raw path"); http.client's `readinto` lands in the
+caller's memoryview through `recv_into`.
 
-Every range is bounded (both ends; DESIGN.md §7). The socket timeout is the
-stall timeout: a request that receives (or sends) no byte for `timeout`
-seconds raises TimeoutError. That, a reset connection and a body cut short
-(http.client.IncompleteRead) are transient in the error table; the caller's
-RetryPolicy repeats the whole request. Answers >= 300 become
-`datamount.errors` classes through `storage.errors.error_for_status`, read
-from the status and x-ms-error-code (Retry-After kept). Requests carry the
-SDK's x-ms-version and are authorized by `storage.azure_auth`.
+Every range is bounded (both ends). The socket timeout is the stall timeout:
+a request that receives (or sends) no byte for `timeout` seconds raises
+TimeoutError. That, a reset connection and a body cut short are transient in
+the error table; the caller's RetryPolicy repeats the whole request. Answers
+>= 300 become `datamount.errors` classes (`storage.errormap.error_for_status`:
+status, x-ms-error-code, Retry-After). Requests carry the SDK's x-ms-version
+and are authorized by `storage.azure_auth`; HTTPS trusts what storage.tls
+trusts; proxies are decided once per RawClient (storage.proxy).
 
 Threads: one RawClient is shared by all threads; the pool lends each request
 its own connection (LIFO under a lock) and takes it back only when the
-response was read to its end. HTTPS trusts what storage.tls trusts (the
-system store, REQUESTS_CA_BUNDLE). Proxies: HTTPS_PROXY / HTTP_PROXY /
-NO_PROXY as requests reads them, decided once per RawClient (storage.proxy):
-HTTPS through a CONNECT tunnel, HTTP as absolute-form requests to the proxy.
+response was read to its end.
 """
 
 from __future__ import annotations
@@ -179,10 +172,9 @@ def _body_length(resp: http.client.HTTPResponse, key: str, offset: int, length: 
 
 
 class RawClient:
-    """Raw Blob REST requests for one container.
+    """Raw Blob REST requests for one container (why: docs/design/storage.md,
+    "Why the raw path").
 
-    Measured against Azurite (8 threads, 8 MiB ranges over a 1 GiB blob,
-    and 2,000 x 256 KiB blobs): see the module docstring of azure_blob.py.
     `hooks` are called as hook(method, path, headers, status) once per
     response (tests count requests with them).
     """

@@ -2,7 +2,7 @@
 appear in repr(), str(), logs or errors.
 
 The storage layer turns a `Credential` into
-an SDK credential; nothing else reveals the secret.
+an SDK credential; nothing else reveals the secret. Immutable; no threads.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 The store is rooted at scheme://host; a key is the URL path (and query)
 without its leading '/', as `StorageLocation.key` gives it. stat is a HEAD
 (size from Content-Length, version from ETag or else Last-Modified); read
-and read_into (the body read straight into the caller's buffer: a 1 GiB
-download over HTTPS from Azurite here took 5.0 s with `r.content` joining
-10 KiB chunks and a copy, 2.4-2.9 s so) are a bounded ranged GET,
+and read_into (the body read straight into the caller's buffer; why:
+docs/design/storage.md, "Per-request Python costs") are a bounded ranged GET,
 pinned with If-Match when the server gave a strong ETag and checked against
 the answer's version otherwise. A server that ignores
 Range (200 instead of 206) still gives the right slice: the body is streamed

@@ -2,14 +2,14 @@
 package: the per-request cost that dominates a small blob's GET.
 
 http.client parses every response's headers with email.parser (a feed
-parser, a policy object and a Message per response): measured here, 93 us
-of CPU for Azurite's 20-header answer to a ranged GET, about a tenth of
-the whole CPU a 256 KiB download costs. `Response` reads the same lines
-under the same limits (http.client's _MAXLINE, _MAXHEADERS) and keeps them
-in `Headers`, which answers what HTTPResponse and its callers ask of a
-message (`get`, `get_all`, `items`, `[]`, `in`; names case-insensitive, the
-first value wins as in email.message). Everything after the headers —
-chunked bodies, Content-Length, keep-alive — is http.client's own code.
+parser, a policy object and a Message per response): a large share of a
+small GET's CPU (docs/design/storage.md, "Per-request Python costs").
+`Response` reads the same lines under the same limits (http.client's
+_MAXLINE, _MAXHEADERS) and keeps them in `Headers`, which answers what
+HTTPResponse and its callers ask of a message (`get`, `get_all`, `items`,
+`[]`, `in`; names case-insensitive, the first value wins as in email.message).
+Everything after the headers — chunked bodies, Content-Length, keep-alive —
+is http.client's own code.
 
 `read_body_from_socket` fills a caller's buffer from a sized body straight
 from the socket (one Python call per TLS record), keeping the response's
@@ -19,10 +19,8 @@ count so it closes as after its own reads.
 and reads its answer's status and headers: the same bytes http.client's
 request() puts on the wire (request line, Host, Accept-Encoding: identity,
 then the caller's headers in order; the same checks of the target and the
-values), without its per-header putheader calls and its state machine.
-Measured in the mount daemon on 68 KiB part reads over TLS (timestamps,
-benchmarks/mount.py workload 3): request() and getresponse() cost ~20 us of
-CPU per request in a hot loop, 30-40 us of a 1.1 ms miss in the daemon.
+values), without its per-header putheader calls and its state machine
+(why: the same section of docs/design/storage.md).
 
 Threads: none of its own; one Response is read by one thread.
 """

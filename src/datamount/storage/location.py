@@ -2,7 +2,8 @@
 
 `uris.parse` turns a spec path into a `uris.Location` (which may still name a
 datastore or data asset); `workspace.Workspace.resolve` turns that into a
-`StorageLocation`, the only thing the storage layer accepts.
+`StorageLocation`, the only thing the storage layer accepts. Immutable
+values; no threads.
 """
 
 from __future__ import annotations

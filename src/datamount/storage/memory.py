@@ -4,7 +4,7 @@ It follows Azure's rules where they matter to callers (key-ordered pages that
 count objects and prefixes alike, quoted etags that change on every write,
 equal-length block ids, staged blocks dropped at commit) and counts every
 request per operation in `requests`, so tests assert how many reads a layer
-made (STYLE.md "fakes that count and fail").
+made (a fake that counts and fails).
 
 Threads: every method takes one lock; safe from any thread.
 """

@@ -54,7 +54,7 @@ def is_transient(exc: BaseException) -> bool:
     """True when repeating the request may succeed.
 
     Stores translate service errors into StorageError with `.transient` set by
-    the one table in `storage.errors`; builtin connection errors and timeouts
+    the one table in `storage.errormap`; builtin connection errors and timeouts
     that escape a store unmapped are transient too. Everything else (local
     OSErrors such as ENOSPC, programming errors) is not.
     """
@@ -130,7 +130,7 @@ class RetryPolicy:
                 throttled = _status(exc) in THROTTLE_STATUSES
                 self.stats.add(retries=1, throttled=int(throttled))
                 attempt += 1
-                # The message of a StorageError is built by storage.errors from
+                # The message of a StorageError is built by storage.errormap from
                 # status, error code and blob name: it never holds a secret.
                 # Other exceptions are named by type only (their text may hold
                 # a URL with a SAS).

@@ -10,13 +10,9 @@ container image). Every raw-path ConnectionPool and every requests session
 CA that one path trusts the other trusts too; so does TLS inside a proxy's
 CONNECT tunnel.
 
-Cost (measured on this 2-core box; loop of 300 TLS 1.3 handshakes to a
-loopback HTTPS server with an EC P-256 leaf, client and server CPU together):
-building the context loads the system bundle once, 26 ms (certifi's bundle
-alone, the old choice: 21 ms); a connection with the shared context costs
-1.2 ms of handshake, the same as before, while building a context per
-connection (what requests does when `verify=` names a file) costs 24.5 ms.
-So the context is built once per process per bundle and shared. truststore
+The context is built once per process per bundle and shared: building one
+per connection (what requests does when `verify=` names a file) costs far
+more than the handshake (docs/design/storage.md, "TLS"). truststore
 (PyPI) was not adopted: on Linux it reads the same OpenSSL store, and it
 would add a dependency for no change in what is trusted.
 

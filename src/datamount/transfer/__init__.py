@@ -1,3 +1,3 @@
 """Transfers between a store and local disk: the parallel Downloader and
-Uploader (DESIGN.md §4), their listing, resume manifest and progress.
+Uploader (docs/design/download.md), their listing, resume manifest and progress.
 """

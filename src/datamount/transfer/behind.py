@@ -3,12 +3,10 @@ from the thread that fetched it to the thread that writes it.
 
 A download's fetch threads are its GETs in flight. When a fetch thread also
 writes its file (an O_DIRECT pwrite, then the group commit's syncfs and
-renames), each of those waits on the local disk takes one GET off the wire:
-measured here on 2,000 x 256 KiB files with 8 threads, 8 GETs were in flight
-only half the time and none for 15% of it, the fetch threads all waiting in
-pwrite while a syncfs ran. So the Downloader (transfer.download) fetches a
-small file into a `Slabs` buffer and hands it to a writer thread; the fetch
-thread starts its next GET at once.
+renames), each of those waits on the local disk takes one GET off the wire
+(docs/design/download.md, "Write-behind"). So the Downloader
+(transfer.downloader) fetches a small file into a `Slabs` buffer and hands it
+to a writer thread; the fetch thread starts its next GET at once.
 
 Memory: `count` buffers of `size` bytes, carved out of one anonymous mmap
 made on first use (page aligned, as O_DIRECT needs; its pages are touched

@@ -1,5 +1,5 @@
 """A copy's plan, page by page: which files of a listing page the Downloader
-(transfer.download) fetches, and whether the disk has room for them before
+(transfer.downloader) fetches, and whether the disk has room for them before
 any of them starts.
 
 - A file the resume manifest has complete (same size and etag, still there)
@@ -29,9 +29,7 @@ log = logging.getLogger("datamount.transfer.download")  # its lines are the down
 
 # A big file is fetched in spans of up to this many ranges: one GET each,
 # read through the thread's range-size buffer (memory stays threads x range).
-# Measured (1 GiB blob, HTTPS Azurite, 8 threads, medians of 8 runs): 128 GETs
-# of 8 MiB cost Azurite 2.7 s of CPU, 16 GETs of 64 MiB 2.1 s (rclone, 64 MiB
-# chunks: 2.2-2.4 s); the download 1.17x as fast (median of the pairs).
+# Why 8: docs/design/download.md ("Spans").
 SPAN_RANGES = 8
 
 

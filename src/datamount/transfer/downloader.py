@@ -8,23 +8,20 @@ final name.
   (small files in groups: one syncfs of the destination for many files) and
   atomically renamed (transfer.landing).
 - The listing streams: the first page's downloads start while later pages are
-  still being listed; each page is planned (transfer.plan: resume skips, one
+  still being listed; each page is planned (transfer.copyplan: resume skips, one
   object per local path, the free-space check) before any of its files starts.
 - Every range is pinned to the etag seen at listing time; a blob changed
   mid-download restarts that file from its new version (never stitched).
-- Completed files are recorded in a manifest in DEST; a re-run skips them.
+- Completed files are recorded in the resume manifest; a re-run skips them.
 - Small files (up to BEHIND_MAX) are fetched whole into a slab and written
-  by a writer thread (transfer.behind): the fetch threads are the GETs in
-  flight, and a wait on the local disk (a pwrite, a group commit) holds none
-  of them back.
-- Memory: one reusable buffer of `range_size` per worker thread, the slabs
-  (`4 × threads` of at most BEHIND_MAX each), plus at most `2 × threads`
-  queued range tasks — never proportional to the data.
+  by a writer thread (transfer.behind), so a wait on the local disk holds no
+  GET back.
+- Memory: one `range_size` buffer per fetch thread, the slabs (`4 × threads`
+  of at most BEHIND_MAX), at most `2 × threads` queued tasks — never
+  proportional to the data.
 - With `processes` > 1, files of one range go to worker processes
-  (transfer.lane: each its own store, pool and GIL, `threads / processes`
-  threads each) that write their `.part`; this process still lists, plans,
-  commits, renames and records them. Stores that cannot be opened in another
-  process (identity credentials, replicas, http, local) stay in-process.
+  (transfer.processlane, docs/design/lane.md) that write their `.part`; this
+  process still lists, plans, commits, renames and records them.
 
 Threads: `threads` workers (transfer.tasks) fetch; `threads / 4` (at
 least 2) writers write small files and finish them; the calling thread lists
@@ -70,9 +67,9 @@ from datamount.transfer.worker import Result, Setup
 
 log = logging.getLogger("datamount.transfer.download")
 
-# 8 MiB ranges: large enough that the per-request cost (~1 ms through the SDK,
-# less raw) is <2% of a range at ~800 MB/s, small enough that 32 workers hold
-# only 256 MiB of buffers... with the default 8 workers on 2 cores, 64 MiB.
+# 8 MiB ranges: large enough that the per-request cost is a small share of a
+# range, small enough that the threads' buffers stay small (threads x range).
+# Why 8 MiB: docs/design/download.md ("Range size").
 RANGE_SIZE = 8 << 20
 MAX_RESTARTS = 3  # a blob rewritten more often than this during one download fails
 # Write-behind (transfer.behind): files up to this size are fetched whole into a
@@ -92,7 +89,7 @@ class DownloadOptions:
     fsync: bool = True  # False: rename without fsync (process-crash safe, not power-loss safe)
     direct_io: bool = True  # O_DIRECT for aligned ranges of big files (transfer.partfile)
     manifest_dir: Path | None = None  # None: the resume manifest lives in the destination
-    processes: int = 1  # > 1: the small-file lane in that many worker processes (transfer.lane)
+    processes: int = 1  # > 1: the small-file lane in that many processes (transfer.processlane)
 
 
 @dataclass
@@ -120,7 +117,7 @@ class Downloader:
         self._error_lock = threading.Lock()
         self._folders = Folders()
         self._folders_seen: set[str] = set()  # the folders of files started, as text
-        self._planned: set[str] = set()  # every local path planned (transfer.plan)
+        self._planned: set[str] = set()  # every local path planned (transfer.copyplan)
         self._land = Landing(self.progress, fsync=options.fsync)
         self._restarts = 0
         self._direct = DirectIO(options.direct_io, log)
@@ -218,8 +215,8 @@ class Downloader:
 
     def _start(self, src: SourceFile, dest: Path) -> None:
         final = dest / src.rel
-        # Strings, not Paths, per file: a Path's parent, hash and with_name
-        # were ~4% of a small-file download's GIL samples (py-spy --gil).
+        # Strings, not Paths, per file. Why: docs/design/download.md
+        # ("Threads and gates on SimpleQueue").
         folder, sep, name = str(final).rpartition(os.sep)
         if folder not in self._folders_seen:
             self._folders.ensure(final.parent)
@@ -271,7 +268,7 @@ class Downloader:
     # -- workers ----------------------------------------------------------
 
     def _fetch(self, job: Job, offset: int, length: int, slot: bool) -> None:
-        """One span (transfer.plan.span_ranges) into the .part, piece by
+        """One span (transfer.copyplan.span_ranges) into the .part, piece by
         piece; `length` -1: the whole file in one GET, written as it arrives
         (no buffer of its size: a store without ranges)."""
         try:
@@ -386,7 +383,7 @@ class Downloader:
         else:
             self._schedule(job, slots=False)  # from a worker: must not wait for a slot
 
-    # -- the small-file lane in worker processes (transfer.lane) -------------
+    # -- the small-file lane in worker processes (transfer.processlane) ------
 
     @property
     def _lane(self) -> ProcessLane | None:

@@ -2,10 +2,9 @@
 names: one `syncfs(2)` of the destination's filesystem for the whole group,
 or one `fsync(2)` per file where syncfs cannot stand in for it.
 
-Measured here (ext4, 64 files of 256 KiB written with O_DIRECT): fsync of
-each file 130-180 ms of wall time for the group (every fsync flushes the
-disk's write cache, and on ext4 without a journal also writes the parent
-folder), one syncfs 25-27 ms; CPU 1.5-2.7 ms against 1 ms.
+Why: every fsync flushes the disk's write cache (and on ext4 without a
+journal also writes the parent folder), one syncfs flushes it once for the
+group (docs/design/download.md, "Group commit").
 
 syncfs writes back every dirty page and inode of the filesystem and flushes
 the device once: for each file of the group, whose writes all returned
@@ -74,7 +73,7 @@ class GroupSync:
     def sync(self, files: Sequence[tuple[int, int]]) -> None:
         """Make durable every file of `files` ((fd, st_dev) pairs) whose
         writes are all done; OSError if any of it could not be written.
-        fd -1: a file written by another process (transfer.lane) on `dev`,
+        fd -1: a file written by another process (transfer.processlane) on `dev`,
         which the syncfs covers."""
         call = syncfs()
         if self._fd < 0 or call is None:

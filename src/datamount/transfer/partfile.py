@@ -1,5 +1,5 @@
 """The local-disk side of a download, shared by the Downloader
-(transfer.download) and its worker processes (transfer.worker): a file's
+(transfer.downloader) and its worker processes (transfer.worker): a file's
 hidden, pre-sized `.part`, written by position, O_DIRECT where the
 filesystem takes it; the ranged fetch into a per-thread buffer; and a
 local disk's OSError as one line.
@@ -82,10 +82,9 @@ class PartFile:
         nothing); big files get O_DIRECT for their aligned ranges (`ranges`:
         the store reads by range, so writes land by position).
 
-        Measured here (1 GiB, 8 threads, Azurite): buffered pwrite costs 2.4-2.8 s
-        of kernel CPU per GiB (page-cache allocation in this VM), O_DIRECT 0.3 s,
-        and the download then runs at the read_into rate. Buffers are mmap'd,
-        so page aligned; range offsets are multiples of range_size.
+        Why O_DIRECT: buffered writes cost far more kernel CPU per GiB
+        (docs/design/download.md, "O_DIRECT writes"). Buffers are mmap'd, so
+        page aligned; range offsets are multiples of range_size.
         """
         self.close()
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
@@ -149,9 +148,8 @@ def allocate(fd: int, size: int) -> bool:
 
     Why: ext4 takes the inode lock exclusively for an O_DIRECT write that
     allocates blocks, so the 8 threads' writes into one sparse file queue
-    behind each other; into allocated blocks they run side by side.
-    Measured here (1 GiB in 8 MiB O_DIRECT writes from 8 threads, ext4):
-    1.45-1.9 s with the blocks allocated against 1.8-3.5 s sparse.
+    behind each other; into allocated blocks they run side by side
+    (docs/design/download.md, "fallocate before O_DIRECT").
     """
     fn = _fallocate()
     return fn is not None and fn(fd, 0, 0, size) == 0

@@ -64,8 +64,8 @@ def fork_context() -> Any:
     if start_method() == "forkserver":
         # Each worker forked from the server runs the parent's main script
         # again (multiprocessing prepares it so); with datamount's modules
-        # imported once in the server that costs nothing per worker
-        # (measured: ~0.4 s of CPU each without).
+        # imported once in the server that costs nothing per worker.
+        # Why: docs/design/lane.md ("Fork server preload").
         ctx.set_forkserver_preload(sorted(m for m in sys.modules if m.startswith("datamount")))
     return ctx
 

@@ -3,14 +3,13 @@ path, on `queue.SimpleQueue` (a C queue: a put or a get holds the GIL for
 one C call; a blocked get waits in C).
 
 Why not ThreadPoolExecutor and threading.BoundedSemaphore: the Downloader
-(transfer.download) submits two tasks per small file (the fetch, the
+(transfer.downloader) submits two tasks per small file (the fetch, the
 write-behind) and takes and gives a slot per file. ThreadPoolExecutor makes
 a Future (a Condition) per task and takes and releases its idle semaphore
 around each; the semaphores are Python Conditions, whose wait makes a lock
-and whose notify walks a deque in Python. Measured with py-spy --gil on
-2,000 x 256 KiB files over HTTPS: those were ~17% of the download's
-GIL-held samples (submit 8%, slot release's notify 8%, the idle semaphore
-1-2%). Nothing here returns a result: the Downloader's tasks report through
+and whose notify walks a deque in Python: a visible share of the GIL per
+file (docs/design/download.md, "Threads and gates on SimpleQueue").
+Nothing here returns a result: the Downloader's tasks report through
 the Landing and its error funnel.
 
 Threads: `Tasks.submit` and `Gate.take`/`give` from any thread; `close`
@@ -89,7 +88,7 @@ class Gate:
     Why the half: the Downloader's calling thread takes a slot per file and
     its fetch threads give them back. Woken at every give, it would be woken
     once per file, and a wake-up costs the giver a futex wake while it holds
-    the GIL (py-spy --gil: ~9% of a small-file download's GIL samples). Woken
+    the GIL (docs/design/download.md, "Threads and gates on SimpleQueue"). Woken
     at half, it is woken once per `count / 2` files and schedules that many
     at once; the fetch threads still have `count / 2` files queued or in
     flight meanwhile (count is twice the threads).

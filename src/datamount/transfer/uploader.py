@@ -36,8 +36,8 @@ from datamount.transfer.source import folder_prefix
 
 log = logging.getLogger("datamount.transfer.upload")
 
-# 8 MiB blocks: ≤ 50,000 blocks per blob allows 390 GiB files; per-request
-# overhead stays < 2% at the rates Azurite and Azure reach.
+# 8 MiB blocks: ≤ 50,000 blocks per blob allows 390 GiB files.
+# Why 8 MiB: docs/design/download.md ("Range size").
 BLOCK_SIZE = 8 << 20
 MAX_BLOCKS = 50_000  # per block blob (Put Block List)
 MAX_FILE_SIZE = MAX_BLOCKS * BLOCK_SIZE  # the largest file an upload can commit

@@ -1,4 +1,4 @@
-"""A worker process of the download's small-file lane (transfer.lane): it
+"""A worker process of the download's small-file lane (transfer.processlane): it
 fetches whole small files into their `.part` files through a store of its
 own (its own connection pool, its own GIL) and reports each one back. It
 never gives a file its final name: the parent checks, commits and renames.
@@ -54,8 +54,8 @@ class Setup:
 
 
 class Task(NamedTuple):
-    """One file to fetch; sent as a plain tuple (a dataclass costs ~15 us
-    more per file to pickle and unpickle)."""
+    """One file to fetch; sent as a plain tuple, cheaper to pickle than a
+    dataclass (docs/design/lane.md, "Fork server preload")."""
 
     seq: int  # the lane's number for the file
     key: str
@@ -179,7 +179,7 @@ class _Worker:
 
 
 def main(conn: Connection) -> None:
-    """The worker's entry point (started by transfer.lane, 'forkserver' or
+    """The worker's entry point (started by transfer.processlane, 'forkserver' or
     'spawn'): the first message is its Setup. Ctrl-C reaches the whole
     process group: the parent decides (it stops the workers), not the worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

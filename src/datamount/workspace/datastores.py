@@ -2,9 +2,11 @@
 registries, the run history) and resolution of any spec `Location` into a
 concrete `StorageLocation` with its credential.
 
-There is no cloud service behind it: a YAML file (DESIGN.md §1). Loading
+There is no cloud service behind it: a YAML file (docs/specs.md). Loading
 expands `${VAR}` from the mapping it is given (never os.environ directly) and
 registers every secret with the log redactor.
+
+Threads: none of its own.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ exclusive `flock` on `<registry>.lock`, the registry is re-read, the name and
 version checked against both files, and the new content written to a
 temporary file that is fsync'd and renamed over the old one. Two jobs
 registering at once both land; a reader never sees half a file.
+
+Threads: none of its own; the flock is the one lock (between processes).
 """
 
 from __future__ import annotations

@@ -4,32 +4,21 @@ the daemon.
 
 One job: own the staging folder of one output (`<cache>/staging/<hash>/`):
 
-- `create(key)` makes an empty staged file (`<id>.data`); the filesystem fills
-  it (copy of the current blob, writes, truncates) through `write`/`truncate`,
-  each write checked against DATASET_RESERVED_FREE_DISK_SPACE first: one that
-  would leave less free disk than that fails with ENOSPC and changes nothing
-  (a truncate that grows the file makes a hole, which takes no disk). A size
-  past what an upload can commit (50,000 blocks of BLOCK_SIZE) is EFBIG.
-- `upload(staged)` sends the file through the transfer engine (`Uploader`:
-  parallel Put Block + Put Block List, or one Put Blob for small files, the
-  content MD5 always set), under the file's lock, so no write lands half-way
-  through an upload. All uploads of a mount share the UPLOAD area of one
-  MemoryBudget (budget.py): 2 x threads blocks, given by the mount (shared
-  with the read path) or made here. It returns once the blob is committed (durable); a
+- `create(key)` makes an empty staged file (`<id>.data`), filled through
+  `write`/`truncate`; a write that would leave less free disk than
+  DATASET_RESERVED_FREE_DISK_SPACE is ENOSPC and changes nothing; a size past
+  what an upload can commit (50,000 blocks of BLOCK_SIZE) is EFBIG.
+- `upload(staged)` sends the file through the transfer engine's `Uploader`
+  (content MD5 always set) under the file's lock, within the UPLOAD area of
+  the mount's MemoryBudget, and returns once the blob is committed; a
   failure (after the store's retries) raises EIO and the file stays staged.
 - `journal.json` lists every staged file whose bytes are not known to be in
-  storage, with its blob key and state: `open` (written, not yet flushed),
-  `closed` (flushed: to upload), `failed` (its upload failed). It is rewritten
-  (tmp + rename) on every state change, not on every write. `recover()` reads
-  it at the next mount with the same cache folder: `closed` and `failed` files
-  are handed back for upload; `open` ones (their writer never closed them:
-  the daemon died, or the unmount was forced while they were open) are left
-  in place as `abandoned`, named in the log at each mount, never published:
-  a file its writer never closed may be incomplete (a checkpoint cut
-  mid-write), and close/fsync are what publish a file.
-- `leftovers()` is what a mount leaves only staged, in those two kinds
-  (`staging.Leftovers`, which also holds the journal's format), for the
-  unmount's message (exit code 4).
+  storage (`open`, `closed`, `failed`), rewritten (tmp + rename) on every
+  state change. `recover()` at the next mount with the same cache folder
+  hands `closed` and `failed` files back for upload and leaves `open` ones
+  as `abandoned`: never published, as their writer never closed them.
+- `leftovers()` is what a mount leaves only staged (`journal.Leftovers`), for
+  the unmount's message (exit code 4). Why each rule: docs/design/rw_mount.md.
 
 Threads: any FUSE thread. `_lock` guards the journal and counters; each
 staged file's `lock` serialises its writes, truncates and uploads (reads are

@@ -1,35 +1,27 @@
 """The disk tier's block files (disk.py keeps the index, the queue and the
 bound): the file format, its name, and writing and reading one file.
 
-File format (FORMAT_VERSION 2): HEADER (magic, format version, lengths of the
-UTF-8 store/key/etag, block index, object size, data length, XXH3-64 of the
-data), then store, key and etag, then the data, in one of two layouts:
-compact (the data right after the header; the file is header + data) or
-paged (the header zero-padded to a whole page, the data from there, zero-
-padded to a whole page). The file size tells which (`layout`: the two sizes
-differ unless both parts are whole pages, where the layouts are the same).
-`read` checks every field against the key it was asked for, the file size
-and the checksum: anything else is None (the caller removes the file).
+File format (FORMAT_VERSION 2): HEADER (magic, version, lengths of the UTF-8
+store/key/etag, block index, object size, data length, XXH3-64 of the data),
+then store, key and etag, then the data: compact (right after the header) or
+paged (header and data each zero-padded to whole pages); the file size tells
+which (`layout`). `read` checks every field against the key asked for, the
+file size and the checksum: anything else is None (the caller removes it).
 
 Writing: an unnamed O_TMPFILE file in `root/tmp`, linked under its final name
 once whole (linkat of /proc/self/fd/N), so a final name never holds a torn
 block and a killed process leaves no temp file; where O_TMPFILE is refused, a
 named `tmp/<name>.<tid>.tmp` renamed into place. Blocks of DIRECT_MIN bytes
-and more are written paged, with one O_DIRECT write: buffered writes of fresh
-files cost this VM ~2.5 s of kernel CPU per GiB, taken from the cores the
-reads need. (The compact layout written that way needed a buffered write of
-the last partial page after an F_SETFL: 0.61 -> 0.49 ms of CPU per 2 MiB
-block, 0.35 -> 0.24 ms per 256 KiB one, and no dirty page left per file for
-the kernel to write back.) A page-aligned block (fetched blocks are) is sent
-from its own buffer in a pwritev between a per-thread header page and its last
-partial page; another block is first copied into a per-thread aligned buffer
-(0.37 ms of CPU per 2 MiB block more, measured). Smaller
-blocks, and every block where O_DIRECT is refused (tmpfs), are written
-compact and buffered. Paths are plain strings: pathlib cost ~5 us of GIL per
-path, several paths per block.
+and more are written paged, with one O_DIRECT write (why O_DIRECT, and why
+paged: docs/design/cache.md, "O_DIRECT block files"): a page-aligned block
+(fetched blocks are) is sent from its own buffer in a pwritev between a
+per-thread header page and its last partial page; another block is first
+copied into a per-thread aligned buffer. Smaller blocks, and every block
+where O_DIRECT is refused (tmpfs), are written compact and buffered. Paths
+are plain strings, not pathlib (the same section).
 
-Threads: any; `direct`, `tmpfile` and `vectored` are one-way flags (set True at start,
-cleared once on refusal), the buffer is per thread.
+Threads: any; `direct`, `tmpfile` and `vectored` are one-way flags (True at
+start, cleared once on refusal); the buffer is per thread. No lock.
 """
 
 from __future__ import annotations
@@ -54,9 +46,8 @@ from datamount.read.copy import PAGE, copy_into, page_aligned
 log = logging.getLogger("datamount.read.cache.disk")
 
 MAGIC = b"DMBLOCK\n"
-# 2: the checksum is XXH3-64. Version 1 had zlib.crc32: 3.7 GB/s of CPU on this
-# VM, 0.29 CPU-s per GiB written and again per GiB read back (writing 512 MiB of
-# 2 MiB blocks: 0.37 -> 0.28 CPU-s; reading them: 0.23 -> 0.10); XXH3 46 GB/s.
+# 2: the checksum is XXH3-64 (version 1 had zlib.crc32).
+# Why XXH3: docs/design/cache.md ("Checksum: XXH3 instead of crc32").
 FORMAT_VERSION = 2
 # magic, format version, len(store), len(key), len(etag), block index, object size,
 # data length, xxh3_64(data); then store, key, etag (UTF-8), then the data.

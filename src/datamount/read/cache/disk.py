@@ -1,48 +1,32 @@
 """The disk tier: one self-checking file per block, written in the background.
 
-Layout. `root/ab/<32 hex>.blk`, the hex being a BLAKE2b-128 of the block's
-full identity (store, key, etag, object size, block index). One level of 256
-folders, created on first use: a 1 TiB cache of 2 MiB blocks is 524,288
-files, about 2,000 per folder (ext4's hashed directories take millions), and
-stays so when they all belong to one huge object, which a hash of (store,
-key) alone would pile into one folder. Two levels (65,536 leaves) made
-nearly every block of a fresh cache create its own folder: a second inode
-allocation per block, ~0.8 ms of kernel CPU each in this VM. Folders of the
-two-level layout found at start are removed.
-Blocks of another etag live under other names, so a handle pinned to the old
-version and one on the new version both cache without evicting each other.
+Layout: `root/ab/<32 hex>.blk`, the hex a BLAKE2b-128 of the block's full
+identity (store, key, etag, object size, block index), so blocks of another
+etag live under other names. One level of 256 folders, created on first use
+(why not two: docs/design/cache.md, "One level of folders"; folders of the
+two-level layout found at start are removed). The file format and the
+writing of one file live in blockfile.py: a corrupt, truncated,
+foreign-version or other-format file is a miss and is removed. No fsync.
 
-The file format, its checks and the writing of one file (O_TMPFILE linked in
-place, O_DIRECT for big blocks) live in blockfile.py: `get` treats a corrupt,
-truncated, foreign-version or other-format file as a miss and removes it. No
-fsync: a block torn by a power cut fails its checksum, and a cache may lose data.
+Writes never block a reader: `put` appends to a queue bounded in bytes, the
+DISK_QUEUE area of the mount's MemoryBudget (budget.py); a block being
+written still counts. A full queue, or a full budget, skips the block
+(`disk_queue_dropped`). A queued block is served by `get` from the queue.
 
-Writes never block a reader. `put` appends to a queue bounded in bytes: the
-DISK_QUEUE area of the mount's MemoryBudget (budget.py), sized by
-DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE (512 MiB = 256 blocks of 2 MiB:
-what a 200 MB/s temp disk absorbs in 2.5 s); a block being written still
-counts, so RAM held for the disk is never above the bound. When the queue is
-full, or the whole budget is, the block is skipped (`disk_queue_dropped`). A
-queued block is served by `get` from the queue. `write_threads` writers
-write each block whole before it gets its final name (blockfile.py), so a
-final name never holds a torn block.
+Invariants: the bytes of every indexed file and of every write in flight are
+counted; before each write, past limit(free, used) × prune_threshold the
+least-recently-used files go until used + new ≤ limit × prune_target, else
+the block is dropped, so the total never exceeds the bound. A final name
+never holds a torn block. One process per root.
 
-Accounting. The bytes of every indexed file (header + data) and of every write
-in flight are counted in memory. Before each write: if used + new exceeds
-limit(free, used) × prune_threshold, least-recently-used files are deleted until
-used + new ≤ limit × prune_target; if it still exceeds limit, the block is
-dropped. `free` is statvfs's f_bavail less the writes in flight, so the total
-never exceeds the bound. Directory inodes are not counted. The in-memory index
-costs ~200 bytes per block (100 MiB for the 1 TiB example above).
+Restart: `root/tmp` is emptied; a background thread indexes the existing
+files (oldest mtime = least recent); `get` reads any file by its path
+meanwhile, writers wait for the index. Counts `disk_evictions` and
+`disk_queue_dropped` (hits and misses: tiered.py).
 
-Restart. `root/tmp` is emptied at start; a background thread indexes the
-existing files (oldest mtime = least recent). Meanwhile `get` reads any file by
-its path; writers wait for the index, so a bound is never checked against an
-incomplete sum. One process per root: two processes sharing it would each
-count only their own writes.
-
-Counting: this tier counts `disk_evictions` and `disk_queue_dropped`; hits and
-misses are counted by tiered.py. Threads: one indexer, `write_threads` writers.
+Threads: one indexer, `write_threads` writers; `get`/`put` from any thread.
+Lock order: the space lock, then the index lock; the queue's Condition, then
+the budget. No block is read or written under a lock.
 """
 
 from __future__ import annotations
@@ -71,7 +55,9 @@ from datamount.read.stats import MountStats
 
 log = logging.getLogger("datamount.read.cache.disk")
 
-_INDEX_CHUNK = 4096  # entries inserted per lock hold while indexing: gets wait < 5 ms
+# Entries inserted per lock hold while indexing, so lookups never wait long.
+# Why 4,096: docs/design/cache.md ("Indexing at restart").
+_INDEX_CHUNK = 4096
 _HEX = frozenset("0123456789abcdef")
 
 

@@ -43,7 +43,8 @@ TRACKED_PREFETCHES = 4096
 # Prefetch (in flight + unread) may take this share of the memory budget; the
 # rest holds blocks being read. Without it, with the RAM tier off and a budget
 # of one window, prefetch evicts the block a reader is halfway through and its
-# second 1 MiB read fetches it again (measured: 91 requests for 64 blocks).
+# second 1 MiB read fetches it again (docs/design/cache.md, "The prefetch
+# share of the hold").
 PREFETCH_SHARE = 0.75
 
 

@@ -1,45 +1,26 @@
 """When random reads of one file become dense: pure logic.
 
 `DensePolicy.on_read_parts(first, last, want)` sees the blocks of each
-random read of one object version (reads the handle's PrefetchPolicy does
-not count as a sequential stream) and the bytes a part read of each block
-it misses would fetch (read/parts.py), and answers the misses that may be
-read in part and the blocks to fill in the background now: blocks not
-handed out before and not fetched whole, ascending (`on_read` is the same
-for reads that fetch whole blocks). Sequential readers never get here, and
-files that do not fit the cache (`fits=False`) are never filled (their
-misses still read in part).
+random read of one object version and the bytes a part read of each missed
+block would fetch (read/parts.py), and answers the misses that may be read
+in part and the blocks to fill now: blocks not handed out before and not
+fetched whole, ascending (`on_read`: the same for reads of whole blocks).
+Files that do not fit the cache (`fits=False`) are never filled.
 
-The rule is an incremental ski-rental one, with one invariant, in bytes:
-the bytes spent on the file's random misses and fill never exceed 2 x the
-distinct blocks touched x the block size (FACTOR), so whenever the reader
-stops it has cost at most that (the sparse-reader bound), exactly, not only
-at a decision point. A block's first part read prepays its whole block
-(the fill of it, or a whole fetch when it is read again once the allowance
-is spent), so a part-read block is filled for nothing more:
+Invariant, in bytes, at every moment: the bytes spent on the file's random
+misses and fill never exceed FACTOR x the distinct blocks touched x the
+block size, so whenever the reader stops it has cost at most that. A
+block's first part read prepays its whole block, so it is filled for
+nothing more. The rule (an incremental ski rental):
 
-- until the distinct blocks touched reach START_SHARE of the file's blocks
-  the file stays on demand: a sparse reader (200 random 64 KiB preads over
-  1 GiB of 2 MiB blocks touch ~172 of 512 blocks, 34 %) never pays for a
-  block it did not read, and with part reads not even for the rest of the
-  blocks it read (13 MiB instead of 344 MiB, parts of 4 KiB pages);
-- from there on, every answer fills as many blocks as the invariant allows,
-  in multiples of `run` blocks (one ranged GET each; the tail of the file
-  may be shorter), the prepaid part-read blocks on the way for free. The
-  allowance grows by about one block per new block touched and by two per
-  first read of a filled block, so a dense reader's hits pay for the fill:
-  the fill runs ahead of the reader at the storage's speed.
-- a file read in parts is filled only once the reads that missed in part
-  reach its size / PART_FILL_BYTES (ski rental in reader time: see there);
-  a miss of a block handed out to the fill but not there yet reads in part.
+- on demand until the distinct blocks touched reach START_SHARE of the file;
+- then every answer fills as many blocks as the invariant allows, in
+  multiples of `run` blocks (one ranged GET each), so a dense reader's hits
+  pay for the fill, which runs ahead of the reader;
+- a file read in parts is filled only once its part misses reach its size /
+  PART_FILL_BYTES; a miss of a block handed out but not there reads in part.
 
-Measured on the 2,000 seeded 64 KiB preads over 1 GiB (benchmarks/mount.py
-workload 3; a simulation of the same reads): the fill at half the blocks
-(the first rule) left 256 whole-block demand misses, serial in one reader
-thread; whole-block misses with this rule, ~205; with part reads (before
-PART_FILL_BYTES; 64 KiB rounding), 265 misses of 64-128 KiB each and no
-whole one, the fill from read 230, 1,056 MiB fetched for the 1,024 MiB
-file; with it, no fill and 266 MiB (152 MiB with PART_ALIGN's 4 KiB).
+Why these rules: docs/design/ro_mount.md ("Dense fill").
 
 No threads, no I/O, no locks: the caller serialises calls.
 """
@@ -58,11 +39,8 @@ MIN_TOUCHED = 4
 FACTOR = 2
 # A file read in parts is filled only once its part misses reach its size
 # over this many bytes: the reader time of one part miss buys about this much
-# fill (ski rental in reader time). Measured against Azurite here (2,000
-# random 64 KiB preads over 1 GiB): a part miss 1.5 ms (p50), a fill 340 MB/s
-# that slows the part misses during it to ~28 ms (p50); with the fill from
-# read 230 the workload took 5.1-5.2 s, on parts alone 4.2 s (and 1.4 instead
-# of 3.5 daemon CPU-s, 266 instead of 1,059 MiB fetched).
+# fill (ski rental in reader time). Why 512 KiB: docs/design/ro_mount.md
+# ("Dense fill").
 PART_FILL_BYTES = 512 * 1024
 
 # Per-block state bits: touched by a read; handed out to the fill; fetched
