@@ -2,7 +2,7 @@
 of datamount over a real Azurite, per directory of the suite, beside the previous
 run's figures. Not part of `make test` (it takes minutes; nothing is asserted).
 
-The suite's source is PJDFSTEST_SRC (default: pjdfstest beside the repository); it is copied to
+The suite's source is the pjdfstest tree PJDFSTEST_SRC names (required); it is copied to
 .posix/pjdfstest and built there with autotools (`autoreconf -ifs`, `./configure`,
 `make pjdfstest`: the Makefile installs autoconf/automake when missing). Each
 directory of its tests/ is run by `prove -v -r DIR` with the mount as the working
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the test harness's Azurite launcher
 from azurite import Azurite  # noqa: E402
 
 WORK = REPO / ".posix"
-SUITE_SRC = Path(os.environ.get("PJDFSTEST_SRC", REPO.parent / "shared" / "pjdfstest"))
+SUITE_SRC = Path(os.environ["PJDFSTEST_SRC"]) if os.environ.get("PJDFSTEST_SRC") else None
 DATAMOUNT = str(Path(sys.executable).parent / "datamount")
 MODES = ("rw_mount", "ro_mount")
 CASE = re.compile(rb"^(not ok|ok) \d+", re.MULTILINE)
@@ -46,9 +46,10 @@ def build() -> Path:
     """The suite built under .posix/pjdfstest (rebuilt when its source changed)."""
     suite = WORK / "pjdfstest"
     binary = suite / "pjdfstest"
+    if SUITE_SRC is None or not (SUITE_SRC / "pjdfstest.c").exists():
+        found = f" ({SUITE_SRC} holds no pjdfstest.c)" if SUITE_SRC else ""
+        raise SystemExit(f"posix: set PJDFSTEST_SRC to a pjdfstest source tree{found}")
     source = SUITE_SRC / "pjdfstest.c"
-    if not source.exists():
-        raise SystemExit(f"posix: no pjdfstest source at {SUITE_SRC} (set PJDFSTEST_SRC)")
     if binary.exists() and binary.stat().st_mtime >= source.stat().st_mtime:
         return suite
     shutil.rmtree(suite, ignore_errors=True)
