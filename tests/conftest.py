@@ -2,7 +2,9 @@
 container per test, the mount points of a test (detached at its end), a
 FaultProxy in front of the session's Azurite and an HTTPS file server with the
 test CA's leaf (`https_site`). Tests that use them are marked `azurite` automatically
-(select or skip them with `-m azurite` / `-m "not azurite"`)."""
+(select or skip them with `-m azurite` / `-m "not azurite"`). Every test
+carries a tier marker (unit, azurite, fuse, oracle, slow: pyproject.toml);
+collection fails, naming them, if any has none."""
 
 from __future__ import annotations
 
@@ -162,10 +164,26 @@ def azure_store(azurite: Azurite, container: ContainerClient) -> Iterator[Object
     store.close()
 
 
+TIERS = ("unit", "azurite", "fuse", "oracle", "slow")
+AZURITE_FIXTURES = {"azurite", "azurite_https", "azurite_oauth", "two_accounts"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks `azurite` every test that uses an Azurite (one of AZURITE_FIXTURES,
+    directly or through another fixture), then fails the session, naming them,
+    if any collected test carries none of the tier markers TIERS: every test
+    says its tier (`make test-fast` runs `-m unit`)."""
     for item in items:
-        if {"azurite", "azurite_https"} & set(getattr(item, "fixturenames", ())):
+        if AZURITE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.azurite)
+    unmarked = [item.nodeid for item in items if not any(map(item.get_closest_marker, TIERS))]
+    if unmarked:
+        shown = "\n  ".join(unmarked[:50])
+        more = f"\n  ... and {len(unmarked) - 50} more" if len(unmarked) > 50 else ""
+        raise pytest.UsageError(
+            f"{len(unmarked)} test(s) without a tier marker (one of {', '.join(TIERS)}; "
+            f"e.g. `pytestmark = pytest.mark.unit` or `@pytest.mark.unit`):\n  {shown}{more}"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ A `FaultPlan` says which operation fails, how many times and with what error
 `FaultyStore` consults the plan before each request and counts attempts per
 operation; given a `RetryPolicy` it runs every request through it, exactly as
 the real stores do, so downloader and mount tests see real retry behaviour
-over a MemoryStore (mountpoint-s3's failure_client.rs, STYLE.md).
+over a MemoryStore (as mountpoint-s3's failure_client.rs does).
 
 Threads: the plan and counters are locked; safe from any thread.
 """
@@ -30,7 +30,7 @@ OPS = ("list", "stat", "read", "stage_block", "commit_blocks", "put", "delete", 
 
 
 def throttled(retry_after: float | None = None, *, status: int = 503) -> ErrorFactory:
-    """A 503 ServerBusy / 429 TooManyRequests, as storage.errors maps it."""
+    """A 503 ServerBusy / 429 TooManyRequests, as storage.errormap maps it."""
     return lambda: StorageError(
         f"injected: HTTP {status} ServerBusy",
         transient=True,
@@ -46,7 +46,7 @@ def server_error(status: int = 500) -> ErrorFactory:
 
 
 def connection_reset(*, mapped: bool = False) -> ErrorFactory:
-    """A reset connection: raw (as a socket raises it) or as storage.errors maps it."""
+    """A reset connection: raw (as a socket raises it) or as storage.errormap maps it."""
     if mapped:
         return lambda: StorageError("injected: connection reset", transient=True, err=errno.EIO)
     return lambda: ConnectionResetError(errno.ECONNRESET, "injected: connection reset")

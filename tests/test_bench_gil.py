@@ -14,6 +14,8 @@ from types import ModuleType
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 

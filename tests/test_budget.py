@@ -28,6 +28,8 @@ from datamount.write.writeback import WriteBack, WriteBackOptions, upload_budget
 from faults import FaultPlan, FaultyStore, forbidden
 from test_reader_fakes import GatedStore, object_id, source, wait_for
 
+pytestmark = pytest.mark.unit
+
 MIB = 1 << 20
 BS = 1000
 

@@ -41,6 +41,7 @@ def fake(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
     return root, proc_file
 
 
+@pytest.mark.unit
 def test_v2_memory_max_of_the_own_cgroup(tmp_path: Path) -> None:
     root, proc = fake(tmp_path, "0::/kubepods/pod1/c1\n", {
         "kubepods/pod1/c1/memory.max": str(512 * MIB),
@@ -50,6 +51,7 @@ def test_v2_memory_max_of_the_own_cgroup(tmp_path: Path) -> None:
     assert cgroup_memory_limit(root, proc) == (512 * MIB, root / "kubepods/pod1/c1/memory.max")
 
 
+@pytest.mark.unit
 def test_v2_the_tightest_ancestor_wins_and_max_is_no_limit(tmp_path: Path) -> None:
     root, proc = fake(tmp_path, "0::/a/b\n", {
         "a/b/memory.max": "max", "a/memory.max": str(300 * MIB), "memory.max": str(900 * MIB),
@@ -59,6 +61,7 @@ def test_v2_the_tightest_ancestor_wins_and_max_is_no_limit(tmp_path: Path) -> No
     assert cgroup_memory_limit(root, proc) is None
 
 
+@pytest.mark.unit
 def test_v1_memory_limit_in_bytes_and_its_unlimited_value(tmp_path: Path) -> None:
     proc_text = "12:pids:/x\n4:memory:/docker/abc\n1:name=systemd:/docker/abc\n0::/\n"
     root, proc = fake(tmp_path, proc_text, {
@@ -74,6 +77,7 @@ def test_v1_memory_limit_in_bytes_and_its_unlimited_value(tmp_path: Path) -> Non
     assert cgroup_memory_limit(root, proc) is None
 
 
+@pytest.mark.unit
 def test_no_cgroup_files_mean_no_limit(tmp_path: Path) -> None:
     assert cgroup_memory_limit(tmp_path, tmp_path / "missing") is None
     root, proc = fake(tmp_path, "0::/a\n", {})
@@ -82,6 +86,7 @@ def test_no_cgroup_files_mean_no_limit(tmp_path: Path) -> None:
     assert cgroup_memory_limit(root, proc) is None
 
 
+@pytest.mark.unit
 def test_fit_limits_scales_every_area_and_keeps_the_floors() -> None:
     limits = {PREFETCH: 64 * MIB, DEMAND: 0, DISK_QUEUE: 512 * MIB, UPLOAD: 128 * MIB}
     assert fit_limits(limits, 1024 * MIB, {}) == limits
@@ -92,6 +97,7 @@ def test_fit_limits_scales_every_area_and_keeps_the_floors() -> None:
     assert tiny == {PREFETCH: 2 * MIB, DEMAND: 0, DISK_QUEUE: 2 * MIB, UPLOAD: 8 * MIB}
 
 
+@pytest.mark.unit
 def test_the_budget_fits_the_container_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
     settings = Settings.from_env({}, cpu_count=2)  # 704 MiB with uploads, RAM tier 128 MiB
     source = Path("/sys/fs/cgroup/memory.max")
@@ -144,6 +150,8 @@ def _make_cgroup(limit: int) -> tuple[Path, Path, Path]:
     return folder, folder / "cgroup.procs", folder / events
 
 
+@pytest.mark.slow
+@pytest.mark.fuse
 def test_a_mount_in_a_small_memory_cgroup_serves_heavy_reads(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:

@@ -18,6 +18,8 @@ from datamount.read.blocks import BlockKey, ObjectId
 from datamount.read.cache import blockfile
 from datamount.read.cache.blockfile import TMP_DIR, BlockFiles, block_name, encode_header
 
+pytestmark = pytest.mark.unit
+
 
 def key(index: int = 0) -> BlockKey:
     return BlockKey(ObjectId("acct/container", "data/x.bin", '"0x1"', 1 << 20), index)

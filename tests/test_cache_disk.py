@@ -33,6 +33,8 @@ from datamount.read.cache.disk import DiskCache
 from datamount.read.stats import MountStats
 from datamount.settings import KB, MB, Settings
 
+pytestmark = pytest.mark.unit
+
 BLOCK = 4096
 ETAG = '"0x8DC0FFEE"'
 

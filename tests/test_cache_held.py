@@ -4,12 +4,16 @@ byte of it in the budget's PREFETCH area."""
 
 from __future__ import annotations
 
+import pytest
+
 from datamount.budget import DEMAND, PREFETCH, MemoryBudget
 from datamount.read.blocks import BlockKey
 from datamount.read.cache.held import HeldBlocks
 from datamount.read.stats import MountStats
 from datamount.storage.memory import MemoryStore
 from test_reader_fakes import object_id, source
+
+pytestmark = pytest.mark.unit
 
 BS = 100
 

@@ -19,6 +19,8 @@ from datamount.read.cache.protocol import BlockCache
 from datamount.read.cache.ram import MemoryCache
 from datamount.read.cache.tiered import TieredCache
 
+pytestmark = pytest.mark.unit
+
 MB = 1024 * 1024
 
 

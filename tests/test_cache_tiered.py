@@ -17,6 +17,8 @@ from datamount.read.cache.ram import MemoryCache
 from datamount.read.cache.tiered import TieredCache
 from datamount.read.stats import MountStats
 
+pytestmark = pytest.mark.unit
+
 BLOCK = 1000
 
 

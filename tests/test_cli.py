@@ -11,6 +11,8 @@ import pytest
 
 from datamount import __version__
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 KEY = "Zm9vYmFyLWZha2Uta2V5LWZvci1jbGktdGVzdHM="

@@ -27,6 +27,8 @@ from datamount.transfer.partfile import disk_free
 from datamount.transfer.progress import human
 from fuse_helpers import EXE, mounted
 
+pytestmark = pytest.mark.slow
+
 LONG = "x" * 300  # NAME_MAX is 255 bytes
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from datamount.data import FileDataset, list_files
 
+pytestmark = pytest.mark.unit
+
 
 def test_listing_order_and_items(tmp_path: Path) -> None:
     files = {

@@ -9,11 +9,14 @@ import random
 import socket
 from pathlib import Path
 
+import pytest
+
 from datamount.data import FileDataset, RecordDataset, hints
 from datamount.mount.hintsocket import HintServer
 from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, wait_for
 
 
+@pytest.mark.unit
 def test_the_socket_takes_batches_and_refuses_bad_lines(tmp_path: Path) -> None:
     got: list[tuple[list[str], bool]] = []
     server = HintServer(tmp_path / "mnt", lambda paths, replace: got.append((list(paths), replace)))
@@ -39,6 +42,7 @@ def test_the_socket_takes_batches_and_refuses_bad_lines(tmp_path: Path) -> None:
     assert hints.send(server.path, ["a"]) is False  # nobody listens: nothing, no error
 
 
+@pytest.mark.unit
 def test_mounts_found_in_mountinfo(tmp_path: Path) -> None:
     info = tmp_path / "mountinfo"
     info.write_text(
@@ -50,6 +54,7 @@ def test_mounts_found_in_mountinfo(tmp_path: Path) -> None:
     assert hints.datamount_mounts(tmp_path / "none") == []
 
 
+@pytest.mark.unit
 def test_no_mount_no_hint(tmp_path: Path) -> None:
     assert hints.mount_of(tmp_path) is None
     (tmp_path / "a.csv").write_text("x\n1\n")
@@ -57,6 +62,7 @@ def test_no_mount_no_hint(tmp_path: Path) -> None:
     assert [r["x"] for r in RecordDataset(tmp_path, shuffle=True)] == [1]
 
 
+@pytest.mark.fuse
 def test_datasets_hint_their_order_to_the_mount(
     azurite, container, tmp_path, mounts: Mounts
 ) -> None:  # noqa: ANN001

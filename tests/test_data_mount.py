@@ -7,8 +7,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from datamount.data import FileDataset, RecordDataset
 from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, wait_for
+
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
 
 
 def test_datasets_over_a_mount(azurite, container, tmp_path: Path, mounts: Mounts) -> None:  # noqa: ANN001

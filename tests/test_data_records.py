@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from datamount.data import RecordDataset
 from datamount.errors import InvalidInput
 
+pytestmark = pytest.mark.unit
+
 # file -> number of records; ids are unique over the whole folder
 LAYOUT = {"a.csv": 7, "b/c.jsonl": 5, "b/d.parquet": 9, "e.csv": 1, "f.jsonl": 0, "g.tsv": 3}
 TOTAL = sum(LAYOUT.values())

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 torch_data = pytest.importorskip("torch.utils.data")
 
 from datamount.data import FileDataset, RecordDataset  # noqa: E402

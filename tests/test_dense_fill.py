@@ -37,6 +37,7 @@ DATA = source(NBLOCKS * BS - 100)  # the last block short
 # -- the policy ----------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_stays_on_demand_until_the_start_share_then_fills_twice_the_touched() -> None:
     policy = DensePolicy(16, fits=True, start_share=0.25)
     assert policy.threshold == 4
@@ -51,6 +52,7 @@ def test_stays_on_demand_until_the_start_share_then_fills_twice_the_touched() ->
     assert policy.on_read(0, 0) == []  # read again: nothing new
 
 
+@pytest.mark.unit
 def test_the_fill_goes_in_whole_runs_but_the_tail() -> None:
     policy = DensePolicy(10, fits=True, start_share=0.4, run=4)
     assert [policy.on_read(i, i) for i in (9, 8, 7)] == [[], [], []]
@@ -65,6 +67,7 @@ def test_the_fill_goes_in_whole_runs_but_the_tail() -> None:
     assert longer.on_read(12, 12) == [4, 5, 6, 7]
 
 
+@pytest.mark.unit
 def test_a_read_spanning_blocks_touches_each() -> None:
     policy = DensePolicy(8, fits=True, start_share=0.5)
     assert policy.on_read(2, 4) == []
@@ -72,6 +75,7 @@ def test_a_read_spanning_blocks_touches_each() -> None:
     assert policy.on_read(6, 20) == [0, 1, 5]  # clipped to the file; room 4, 3 left
 
 
+@pytest.mark.unit
 def test_never_fills_a_file_that_does_not_fit_or_is_tiny() -> None:
     big = DensePolicy(10, fits=False)
     assert all(big.on_read(i, i) == [] for i in range(10))
@@ -79,6 +83,7 @@ def test_never_fills_a_file_that_does_not_fit_or_is_tiny() -> None:
     assert all(tiny.on_read(i, i) == [] for i in range(3))
 
 
+@pytest.mark.unit
 def test_a_stopped_policy_fills_no_more() -> None:
     policy = DensePolicy(8, fits=True, start_share=0.5)
     assert [policy.on_read(i, i) for i in range(3)] == [[], [], []]
@@ -87,6 +92,7 @@ def test_a_stopped_policy_fills_no_more() -> None:
     assert policy.done and policy.on_read(4, 7) == []
 
 
+@pytest.mark.unit
 def test_the_benchmark_readers_sparse_on_demand_dense_filled() -> None:
     """benchmarks/mount.py's seeded readers over 1 GiB of 2 MiB blocks: 200
     preads (a sparse reader) are never filled; 2,000 get the file whole with
@@ -111,6 +117,7 @@ def test_the_benchmark_readers_sparse_on_demand_dense_filled() -> None:
             assert len(fetched) == 512 and misses < 220
 
 
+@pytest.mark.unit
 @given(
     st.integers(1, 300),
     st.floats(0.01, 1.0),
@@ -139,6 +146,7 @@ def test_fetched_never_exceeds_twice_the_touched(
         assert seen | filled == set(range(n))
 
 
+@pytest.mark.unit
 def test_a_first_part_read_prepays_its_block_and_is_filled_for_free() -> None:
     """A block read in part costs its part plus the whole block it may still
     need; the fill then hands it out without paying again."""
@@ -162,6 +170,7 @@ def test_a_first_part_read_prepays_its_block_and_is_filled_for_free() -> None:
     assert policy.spent <= 2 * policy.touched * 100
 
 
+@pytest.mark.unit
 def test_a_file_read_in_parts_is_filled_once_its_part_misses_cost_the_fill() -> None:
     """benchmarks/mount.py's 2,000 seeded 64 KiB preads over 1 GiB of 2 MiB
     blocks, missing in parts: no fill yet (2,048 part misses buy the 1 GiB
@@ -184,6 +193,7 @@ def test_a_file_read_in_parts_is_filled_once_its_part_misses_cost_the_fill() -> 
     assert policy.started and len(filled) == size // block
 
 
+@pytest.mark.unit
 def test_a_part_read_again_within_the_allowance_else_whole() -> None:
     policy = DensePolicy(64, fits=True, block_size=100)  # never filled this early
     assert policy.on_read_parts(5, 5, {5: 60}) == ({5}, [])
@@ -195,6 +205,7 @@ def test_a_part_read_again_within_the_allowance_else_whole() -> None:
     assert policy.spent == 200
 
 
+@pytest.mark.unit
 def test_a_file_that_does_not_fit_still_reads_in_part() -> None:
     policy = DensePolicy(10, fits=False, block_size=100)
     assert all(policy.on_read_parts(i, i, {i: 10}) == ({i}, []) for i in range(10))
@@ -203,6 +214,7 @@ def test_a_file_that_does_not_fit_still_reads_in_part() -> None:
     assert stopped.on_read_parts(1, 1, {1: 10}) == (set(), [])
 
 
+@pytest.mark.unit
 @given(
     st.integers(1, 300),
     st.floats(0.01, 1.0),
@@ -293,6 +305,7 @@ def random_reads(rig: Rig, count: int, seed: int = 3) -> set[int]:
     return touched
 
 
+@pytest.mark.unit
 def test_a_dense_random_reader_gets_the_whole_file_once(rig: Rig) -> None:
     random_reads(rig, 1000)  # touches nearly every block
     assert rig.dense.wait_idle()
@@ -306,6 +319,7 @@ def test_a_dense_random_reader_gets_the_whole_file_once(rig: Rig) -> None:
     assert rig.fetcher.budget.in_use() == rig.fetcher.memory_in_use()
 
 
+@pytest.mark.unit
 def test_the_fill_is_read_through_the_cache_afterwards(rig: Rig) -> None:
     random_reads(rig, 400)
     assert rig.dense.wait_idle()
@@ -316,6 +330,7 @@ def test_the_fill_is_read_through_the_cache_afterwards(rig: Rig) -> None:
     assert rig.stats.snapshot()["bytes_fetched"] == fetched == len(DATA)
 
 
+@pytest.mark.unit
 def test_a_sparse_random_reader_stays_on_demand(rig: Rig) -> None:
     # 200 preads over 1 GiB of 2 MiB blocks (512) is 200 over 256 here: 10 % of reads.
     touched = random_reads(rig, 50)
@@ -325,6 +340,7 @@ def test_a_sparse_random_reader_stays_on_demand(rig: Rig) -> None:
     assert snap["bytes_fetched"] <= 2 * len(touched) * BS
 
 
+@pytest.mark.unit
 def test_a_reader_past_the_start_share_is_filled_within_twice_its_blocks(rig: Rig) -> None:
     """~44 % of the blocks touched (past START_SHARE, short of half): the fill
     starts, and demand + fill stay within 2 x the distinct blocks touched."""
@@ -340,6 +356,7 @@ def test_a_reader_past_the_start_share_is_filled_within_twice_its_blocks(rig: Ri
     assert len(rig.cache.blocks) == snap["blocks_fetched"]  # each block once
 
 
+@pytest.mark.unit
 def test_a_sequential_reader_is_never_filled(rig: Rig) -> None:
     handle = rig.reader.open(rig.obj)
     for off in range(0, len(DATA), 300):
@@ -358,6 +375,7 @@ def parts_rig() -> Iterator[Rig]:
     made.close()
 
 
+@pytest.mark.unit
 def test_a_sparse_random_reader_fetches_only_its_parts(parts_rig: Rig) -> None:
     touched = random_reads(parts_rig, 50)
     assert parts_rig.dense.wait_idle()
@@ -368,6 +386,7 @@ def test_a_sparse_random_reader_fetches_only_its_parts(parts_rig: Rig) -> None:
     assert not parts_rig.cache.blocks  # no partial block cached
 
 
+@pytest.mark.unit
 def test_a_dense_random_reader_in_parts_is_filled_then_read_from_the_cache(
     parts_rig: Rig,
 ) -> None:
@@ -388,6 +407,7 @@ def test_a_dense_random_reader_in_parts_is_filled_then_read_from_the_cache(
     assert after["part_reads"] == parts and after["bytes_fetched"] == snap["bytes_fetched"]
 
 
+@pytest.mark.unit
 def test_a_sequential_reader_fetches_whole_blocks_with_parts_on(parts_rig: Rig) -> None:
     handle = parts_rig.reader.open(parts_rig.obj)
     for off in range(0, len(DATA), 300):
@@ -397,6 +417,7 @@ def test_a_sequential_reader_fetches_whole_blocks_with_parts_on(parts_rig: Rig) 
     assert snap["part_reads"] == 0 and snap["bytes_fetched"] == len(DATA)
 
 
+@pytest.mark.unit
 def test_a_file_larger_than_its_share_of_the_cache_is_not_filled() -> None:
     rig = Rig(capacity=len(DATA))  # the file would take the whole cache
     try:
@@ -408,6 +429,7 @@ def test_a_file_larger_than_its_share_of_the_cache_is_not_filled() -> None:
         rig.close()
 
 
+@pytest.mark.unit
 def test_a_tight_budget_still_fills_in_runs() -> None:
     rig = Rig(budget=4 * BS)  # the prefetch share takes 3 blocks: runs of 3
     try:
@@ -420,6 +442,7 @@ def test_a_tight_budget_still_fills_in_runs() -> None:
         rig.close()
 
 
+@pytest.mark.unit
 def test_no_prefetch_window_means_no_fill() -> None:
     """DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT=0: every read looks random, and
     a fill is a prefetch: none."""
@@ -445,6 +468,7 @@ def test_no_prefetch_window_means_no_fill() -> None:
         scheduler.close()
 
 
+@pytest.mark.unit
 def test_without_a_cache_the_fill_is_skipped_cheaply() -> None:
     """NoCache: a fill would throw its blocks away; with capacity 0 nothing fits."""
     store = MemoryStore({"f": DATA})
@@ -506,6 +530,7 @@ def read_mounted(azurite, container, tmp_path: Path, mounts: Mounts, proxy: Faul
     return run
 
 
+@pytest.mark.fuse
 def test_mount_dense_random_reader_fetches_the_file_once(
     read_mounted, mounts: Mounts, proxy: FaultProxy
 ) -> None:  # noqa: ANN001
@@ -521,6 +546,7 @@ def test_mount_dense_random_reader_fetches_the_file_once(
     assert len(proxy.ranged_gets("ds/dense.bin")) < 128
 
 
+@pytest.mark.fuse
 def test_mount_sparse_random_reader_stays_on_demand(
     read_mounted, mounts: Mounts, proxy: FaultProxy
 ) -> None:  # noqa: ANN001
@@ -533,6 +559,7 @@ def test_mount_sparse_random_reader_stays_on_demand(
     assert _gets_bytes(proxy, "ds/sparse.bin") == stats["bytes_fetched"]
 
 
+@pytest.mark.fuse
 def test_mount_reader_past_the_start_share_is_filled_within_twice_its_blocks(
     read_mounted, mounts: Mounts, proxy: FaultProxy
 ) -> None:  # noqa: ANN001
@@ -552,6 +579,7 @@ def test_mount_reader_past_the_start_share_is_filled_within_twice_its_blocks(
     assert stats["bytes_fetched"] <= sent <= 2 * len(touched) * MBS, (sent, len(touched), stats)
 
 
+@pytest.mark.fuse
 def test_mount_random_misses_fetch_only_their_parts_sequential_whole_blocks(
     azurite,
     container,

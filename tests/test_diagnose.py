@@ -10,6 +10,8 @@ import pytest
 from datamount.mount.diagnose import IDLE, NONE, Watch, diagnose, rates
 from datamount.settings import Settings
 
+pytestmark = pytest.mark.unit
+
 SETTINGS = Settings.from_env({}, cpu_count=2)  # 8 read threads, window 32, 4 disk writers
 
 

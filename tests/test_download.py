@@ -120,6 +120,7 @@ def test_uri_file_lands_under_its_name(azurite, container, azure_store, tmp_path
     assert result.path.read_bytes() == body
 
 
+@pytest.mark.slow
 def test_listing_over_5000_files_crosses_pages(azurite, many_blobs, tmp_path: Path) -> None:  # noqa: ANN001
     name, blobs = many_blobs
     store = store_on(azurite, name)
@@ -144,6 +145,7 @@ def test_missing_folder_and_file(azure_store, tmp_path: Path) -> None:  # noqa: 
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.unit
 def test_transient_faults_are_retried(tmp_path: Path) -> None:
     blobs = {f"f{i}.bin": data(3 * RANGE + i) for i in range(6)}
     inner = MemoryStore(blobs)
@@ -160,6 +162,7 @@ def test_transient_faults_are_retried(tmp_path: Path) -> None:
     assert no_parts(tmp_path)
 
 
+@pytest.mark.unit
 def test_permanent_403_fails_cleanly(tmp_path: Path) -> None:
     blobs = {f"f{i}.bin": data(4 * RANGE) for i in range(8)}
     plan = FaultPlan().fail("read", times=None, error=forbidden(), key="f5.bin")
@@ -228,6 +231,7 @@ class OverwriteOnEveryRead:
         return getattr(self.inner, name)
 
 
+@pytest.mark.unit
 def test_a_blob_that_never_stops_changing_is_a_data_error_and_leaves_no_part(
     tmp_path: Path,
 ) -> None:
@@ -243,6 +247,7 @@ def test_a_blob_that_never_stops_changing_is_a_data_error_and_leaves_no_part(
     assert no_parts(tmp_path / "dest") and not (tmp_path / "dest" / "hot.bin").exists()
 
 
+@pytest.mark.unit
 def test_resume_skips_complete_files(tmp_path: Path) -> None:
     blobs = {f"d/f{i:02d}.bin": data(RANGE // 2) for i in range(20)}
     inner = MemoryStore(blobs)
@@ -277,6 +282,7 @@ def test_resume_skips_complete_files(tmp_path: Path) -> None:
     assert sum(forced.reads.values()) == 20
 
 
+@pytest.mark.unit
 def test_not_enough_disk_refused_before_writing(tmp_path: Path) -> None:
     store = MemoryStore({"a.bin": data(1000), "b.bin": data(2000)})
     dest = tmp_path / "dest"
@@ -293,6 +299,7 @@ def test_not_enough_disk_refused_before_writing(tmp_path: Path) -> None:
     assert isinstance(info.value, DataError)
 
 
+@pytest.mark.unit
 def test_unsafe_names_are_refused(tmp_path: Path) -> None:
     store = MemoryStore({"d/ok.bin": b"1", "d/../escape.bin": b"2"})
     with pytest.raises(DataError, match="cannot be a local path"):
@@ -324,6 +331,7 @@ def test_two_objects_landing_at_one_path_never_race(
     assert "d/a/b: skipped: another object already lands at" in caplog.text
 
 
+@pytest.mark.unit
 def test_memory_is_bounded_by_threads_not_data(tmp_path: Path) -> None:
     """Buffers are per worker thread: 20 files × 8 ranges reuse `threads` buffers."""
     blobs = {f"f{i}.bin": data(8 * RANGE) for i in range(20)}
@@ -442,6 +450,7 @@ def test_killed_download_resumes(azurite, container, tmp_path: Path) -> None:  #
     assert no_parts(dest)
 
 
+@pytest.mark.unit
 def test_tmpfs_destination_falls_back_to_buffered_writes(tmp_path: Path) -> None:
     """tmpfs refuses O_DIRECT: the download still completes, byte for byte."""
     shm = Path("/dev/shm")
@@ -457,6 +466,7 @@ def test_tmpfs_destination_falls_back_to_buffered_writes(tmp_path: Path) -> None
         assert tree(Path(dest)) == expected(blobs)
 
 
+@pytest.mark.unit
 def test_small_files_are_fsynced_in_groups_before_their_rename(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -497,6 +507,7 @@ def test_small_files_are_fsynced_in_groups_before_their_rename(
     assert sum(1 for k, n in events[:first] if k == "fsync" and n.startswith(".f")) == 8
 
 
+@pytest.mark.unit
 def test_small_file_groups_are_made_durable_by_one_syncfs_before_their_renames(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -554,6 +565,7 @@ def test_small_file_groups_are_made_durable_by_one_syncfs_before_their_renames(
             assert synced and synced[-1] > last_write[name], f"{name} renamed before a syncfs"
 
 
+@pytest.mark.unit
 def test_a_folder_shadows_a_blob_of_the_same_name(tmp_path: Path) -> None:
     """Blobs 'x' and 'x/y' cannot both land on disk: the folder wins (as in
     the mount), the rest of the download completes."""
@@ -587,6 +599,7 @@ def test_big_files_come_in_spans(azurite, container, azure_store, tmp_path: Path
     assert downloader.progress.bytes == sum(len(v) for v in blobs.values())
 
 
+@pytest.mark.unit
 def test_span_ranges_keep_two_spans_per_thread() -> None:
     r = 8 << 20
     assert span_ranges(1 << 30, r, 8) == SPAN_RANGES == 8  # 1 GiB: 16 GETs of 64 MiB

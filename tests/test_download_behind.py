@@ -16,6 +16,8 @@ from datamount.transfer import partfile
 from datamount.transfer.behind import Slabs
 from datamount.transfer.downloader import BEHIND_SLABS_PER_THREAD, Downloader, DownloadOptions
 
+pytestmark = pytest.mark.unit
+
 rng = random.Random(5)
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from datamount.storage.http_response import Response, read_headers
 
+pytestmark = pytest.mark.unit
+
 ANSWER = (
     b"HTTP/1.1 206 Partial Content\r\n"
     b"Content-Range: bytes 0-4/10\r\n"

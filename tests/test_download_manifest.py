@@ -11,6 +11,8 @@ import pytest
 
 from datamount.transfer.manifest import MANIFEST_NAME, Manifest
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("rel", ["a/b.bin", 'na\u00efve "q" \\ \udcff\n', ""])
 def test_manifest_lines_are_what_json_dumps_gives(tmp_path: Path, rel: str) -> None:

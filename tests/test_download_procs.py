@@ -1,5 +1,5 @@
 """The download's small-file lane in worker processes (DATAMOUNT_DOWNLOAD_PROCESSES,
-transfer.lane) against real Azurite, through a FaultProxy that sees every
+transfer.processlane) against real Azurite, through a FaultProxy that sees every
 process's requests: bytes equal, one GET per small file, resumable, a worker's
 error or death is one clear error with no partial file under a final name, and
 the account key reaches a worker over its pipe only."""
@@ -201,6 +201,7 @@ def test_the_account_key_is_in_no_workers_argv_or_environment(
     assert tree(tmp_path / "out") == {k[len("secret/") :]: sha(v) for k, v in blobs.items()}
 
 
+@pytest.mark.unit
 def test_a_store_no_worker_can_open_stays_in_process(tmp_path: Path, caplog) -> None:  # noqa: ANN001
     store = MemoryStore()
     store.put("m/a.bin", b"a" * 1000)
@@ -213,6 +214,7 @@ def test_a_store_no_worker_can_open_stays_in_process(tmp_path: Path, caplog) -> 
     assert "cannot be opened in a worker process" in caplog.text
 
 
+@pytest.mark.unit
 def test_the_knob() -> None:
     assert Settings.from_env({}).download_processes == 1
     assert Settings.from_env({"DATAMOUNT_DOWNLOAD_PROCESSES": "4"}).download_processes == 4

@@ -17,6 +17,8 @@ from datamount.storage.retry import RetryPolicy
 from datamount.transfer.downloader import Downloader, DownloadOptions
 from test_storage_http import QuietServer, Site, make_handler
 
+pytestmark = pytest.mark.unit
+
 RANGE = 64 * 1024
 BODY = random.Random(9).randbytes(5 * RANGE + 17)
 

@@ -10,6 +10,8 @@ import pytest
 
 from datamount.transfer.tasks import Gate, Tasks
 
+pytestmark = pytest.mark.unit
+
 
 def test_every_task_runs_in_order_before_close_returns() -> None:
     done: list[int] = []

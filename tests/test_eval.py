@@ -16,6 +16,8 @@ from azurite import KEY, SECOND, SECOND_KEY, Azurite
 from datamount.mltable import load
 from fuse_helpers import Mounts, datamount, mounted
 
+pytestmark = pytest.mark.azurite
+
 FIRST_BLOBS = {
     "t/MLTable": (
         b"paths:\n"
@@ -131,7 +133,9 @@ def test_eval_download_of_a_missing_mltable_is_one_clear_error(
     assert not (tmp_path / "dest").exists()
 
 
-@pytest.mark.parametrize("mode", ["eval_download", "eval_mount"])
+@pytest.mark.parametrize(
+    "mode", ["eval_download", pytest.param("eval_mount", marks=pytest.mark.fuse)]
+)
 def test_run_with_an_evaluated_input(
     two_accounts: Azurite,
     two_containers: tuple[str, str],
@@ -158,6 +162,7 @@ def test_run_with_an_evaluated_input(
     assert not mounted(table)
 
 
+@pytest.mark.fuse
 def test_eval_mount_shows_exactly_the_evaluated_files(
     two_accounts: Azurite, two_containers: tuple[str, str], tmp_path: Path, mounts: Mounts
 ) -> None:

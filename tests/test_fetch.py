@@ -25,6 +25,8 @@ from datamount.storage.retry import RetryPolicy
 from faults import FaultPlan, FaultyStore, forbidden, throttled
 from test_reader_fakes import DictCache, GatedStore, object_id, source, wait_for
 
+pytestmark = pytest.mark.unit
+
 BS = 1000
 DATA = source(10 * BS + 37)  # 11 blocks, the last one short
 

@@ -19,6 +19,8 @@ from datamount.read.reader import DirectReader
 from datamount.storage.base import ListPage
 from datamount.storage.memory import MemoryStore
 
+pytestmark = pytest.mark.unit
+
 
 class Broken(MemoryStore):
     def list_pages(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ListPage]:

@@ -10,6 +10,8 @@ import pytest
 from datamount.fs.namespace import Namespace
 from datamount.storage.memory import MemoryStore
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     def __init__(self) -> None:

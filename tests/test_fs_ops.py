@@ -18,6 +18,8 @@ from datamount.read.reader import DirectReader
 from datamount.storage.base import ListPage
 from datamount.storage.memory import MemoryStore
 
+pytestmark = pytest.mark.unit
+
 rng = random.Random(7)
 BODY = rng.randbytes(300_001)
 

@@ -26,6 +26,8 @@ from datamount.write.journal import Leftovers, journal_leftovers
 from datamount.write.writeback import JOURNAL, WriteBack, WriteBackOptions
 from faults import FaultPlan, FaultyStore, forbidden
 
+pytestmark = pytest.mark.unit
+
 BLOCK = 1024
 rng = random.Random(11)
 W = os.O_WRONLY

@@ -14,7 +14,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from fuse_helpers import mounted
+
+pytestmark = pytest.mark.fuse
 
 SERVE = textwrap.dedent(
     """

@@ -14,7 +14,7 @@ from azure.storage.blob import ContainerClient
 
 from azurite import Azurite
 
-datasets = pytest.importorskip("datasets")
+pytestmark = pytest.mark.azurite
 
 ROWS = [{"id": i, "text": f"row {i}"} for i in range(25)]
 
@@ -43,6 +43,7 @@ def test_load_dataset_streams_from_azureml_paths(
     monkeypatch: pytest.MonkeyPatch,
     builder: str,
 ) -> None:
+    datasets = pytest.importorskip("datasets")  # here, not at collection (`-m unit` collects)
     halves = [ROWS[:12], ROWS[12:]]
     ext = {"csv": "csv", "json": "jsonl", "parquet": "parquet"}[builder]
     for n, part in enumerate(halves):

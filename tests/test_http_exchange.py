@@ -13,6 +13,8 @@ import pytest
 
 from datamount.storage.http_response import Response, exchange, host_header
 
+pytestmark = pytest.mark.unit
+
 
 class Recorder:
     """A one-connection HTTP server on loopback that records each request's

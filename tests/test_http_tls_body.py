@@ -17,6 +17,8 @@ import pytest
 from azurite import Certs, make_certs
 from datamount.storage.http_response import read_body_from_socket
 
+pytestmark = pytest.mark.unit
+
 BODY = bytes(range(256)) * 4096 + b"tail"  # 1 MiB + 4: many 16 KiB records
 
 

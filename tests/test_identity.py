@@ -48,8 +48,6 @@ from datamount.errors import AccessDenied
 from datamount.storage.azure_auth import TOKEN_REFRESH, BearerAuth, refresh_at
 from fuse_helpers import Mounts, daemons_of, datamount, mounted
 
-pytestmark = pytest.mark.azurite
-
 TESTS = Path(__file__).resolve().parent
 TREE = {
     "ds/a.txt": b"alpha\n",
@@ -305,6 +303,7 @@ class Counting:
         return self.current
 
 
+@pytest.mark.unit
 def test_refresh_margin_is_five_minutes_or_half_of_a_short_token() -> None:
     assert refresh_at(10_000.0, 0.0) == 10_000.0 - TOKEN_REFRESH
     assert refresh_at(600.0, 0.0) == 300.0
@@ -312,6 +311,7 @@ def test_refresh_margin_is_five_minutes_or_half_of_a_short_token() -> None:
     assert refresh_at(5.0, 10.0) == 5.0  # already expired: ask at the next request
 
 
+@pytest.mark.slow
 def test_a_short_token_is_renewed_halfway_and_a_cached_one_is_not_asked_per_request() -> None:
     cred = Counting(2)  # lives 1-2 s: whole seconds
     auth = BearerAuth(cred, https=True, kind="user_identity")
@@ -335,6 +335,7 @@ def test_a_short_token_is_renewed_halfway_and_a_cached_one_is_not_asked_per_requ
     assert cached.calls < 40 < requests  # halving what is left: a few calls per token
 
 
+@pytest.mark.unit
 def test_a_credential_failure_names_the_identity_kind() -> None:
     class Broken:
         def get_token(self, *scopes: str, **kwargs: object) -> AccessToken:
@@ -347,6 +348,7 @@ def test_a_credential_failure_names_the_identity_kind() -> None:
     )
 
 
+@pytest.mark.unit
 def test_a_failed_renewal_keeps_the_valid_token_and_is_retried() -> None:
     class Flaky(Counting):
         fail = False
@@ -405,6 +407,7 @@ def test_this_azurite_refuses_no_token_and_an_expired_one(
 # -- download, upload and ro_mount with each identity -------------------------------
 
 
+@pytest.mark.fuse
 @pytest.mark.parametrize("kind", ["managed_identity", "user_identity"])
 def test_download_upload_and_ro_mount_with_an_identity(
     kind: str,
@@ -488,6 +491,8 @@ def test_download_upload_and_ro_mount_with_an_identity(
 # -- a long mount: tokens expire and are renewed --------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.fuse
 @pytest.mark.parametrize("kind", ["managed_identity", "user_identity"])
 def test_a_long_mount_renews_short_lived_tokens(
     kind: str,
@@ -542,6 +547,8 @@ def one_error_line(out: subprocess.CompletedProcess[str], kind: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
+@pytest.mark.fuse
 def test_a_token_endpoint_that_fails_or_is_unreachable_is_one_line_exit_3(
     azurite_oauth: Azurite, oauth_container: ContainerClient, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -568,6 +575,7 @@ def test_a_token_endpoint_that_fails_or_is_unreachable_is_one_line_exit_3(
     assert "Connection refused" in one_error_line(out, "managed_identity")
 
 
+@pytest.mark.slow
 def test_an_az_that_is_not_logged_in_is_one_line_exit_3(
     azurite_oauth: Azurite, oauth_container: ContainerClient, tmp_path: Path
 ) -> None:

@@ -23,6 +23,8 @@ from datamount.log import (
 )
 from datamount.storage.credentials import Secret
 
+pytestmark = pytest.mark.unit
+
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 ACCOUNT_KEY = "c2VjcmV0LWFjY291bnQta2V5LXZhbHVl+/abc=="
 SAS = "sv=2022-11-02&ss=b&srt=co&sp=rl&se=2030-01-01T00:00:00Z&sig=AbCdEf%2Bsecretsig%3D"

@@ -12,6 +12,8 @@ import pytest
 
 from datamount.mount import daemon
 
+pytestmark = pytest.mark.unit
+
 
 def test_caps_the_arenas_and_says_so(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch

@@ -44,6 +44,7 @@ def status_json(env: dict[str, str]) -> list[dict]:
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
+@pytest.mark.fuse
 def test_a_mount_exports_its_counters_at_the_metrics_url(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -95,6 +96,7 @@ def test_a_mount_exports_its_counters_at_the_metrics_url(
     assert status_json(env) == []
 
 
+@pytest.mark.fuse
 def test_status_watch_through_a_pipe_prints_one_line_per_mount_per_refresh(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -117,6 +119,8 @@ def test_status_watch_through_a_pipe_prints_one_line_per_mount_per_refresh(
     assert datamount("unmount", str(mp), env=env).returncode == 0
 
 
+@pytest.mark.slow
+@pytest.mark.fuse
 def test_status_shows_rates_and_the_verdict_after_an_interval(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -141,6 +145,7 @@ def test_status_shows_rates_and_the_verdict_after_an_interval(
     assert datamount("unmount", str(mp), env=env).returncode == 0
 
 
+@pytest.mark.fuse
 def test_a_bad_metrics_port_is_one_line_and_exit_2(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -154,6 +159,7 @@ def test_a_bad_metrics_port_is_one_line_and_exit_2(
     ]
 
 
+@pytest.mark.fuse
 def test_a_taken_metrics_port_is_one_clear_line_and_exit_3(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -174,6 +180,7 @@ def test_a_taken_metrics_port_is_one_clear_line_and_exit_3(
     assert status_json(env) == []
 
 
+@pytest.mark.unit
 def test_a_transfer_serves_its_progress_as_metrics() -> None:
     from datamount.transfer.progress import Progress
 

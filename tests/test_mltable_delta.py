@@ -59,6 +59,7 @@ def test_not_a_delta_table(azurite: Azurite, container: ContainerClient) -> None
         _load(container, azurite, "read_delta_lake", Counts()).to_pandas_dataframe()
 
 
+@pytest.mark.unit
 def test_delta_eval_layout_round_trip(tmp_path: Path) -> None:
     """eval_download's layout of a Delta table (each file a `file:` entry)
     loads to the same table: the log is found among the files."""

@@ -28,7 +28,7 @@ DATA = {
     "tables/t1/data/2024/02/c.csv": b"x\n2\n",
     "tables/t1/data/2025/d.csv": b"x\n3\n",
     "tables/t1/data/top.csv": b"x\n0\n",
-    "tables/shared/s.csv": b"x\n9\n",
+    "tables/common/s.csv": b"x\n9\n",
     **{f"tables/t1/noise/{i:03d}.csv": b"x\n" for i in range(40)},
 }
 
@@ -60,7 +60,7 @@ def test_remote_mltable_relative_patterns_and_layout(
         container,
         {
             "tables/t1/MLTable": mltable_yaml(
-                "pattern: ./data/**/*.csv", "file: ../shared/s.csv", "file: data/top.csv"
+                "pattern: ./data/**/*.csv", "file: ../common/s.csv", "file: data/top.csv"
             )
         },
     )
@@ -71,7 +71,7 @@ def test_remote_mltable_relative_patterns_and_layout(
         "tables/t1/data/2024/02/c.csv",
         "tables/t1/data/2025/d.csv",
         "tables/t1/data/top.csv",  # matched by **/ (zero folders); the later file: is a duplicate
-        "tables/shared/s.csv",
+        "tables/common/s.csv",
     ]
     first = files[0]
     assert (first.account, first.container, first.size) == (azurite.account, name, 4)
@@ -164,6 +164,7 @@ def test_file_level_take_skip_and_seeded_sample(
     assert paths("read_delimited: {};take: 1") == every
 
 
+@pytest.mark.unit
 def test_local_mltable_layout_and_relative_resolution(tmp_path: Path) -> None:
     table = tmp_path / "tbl"
     for rel in ("data/a/1.csv", "data/a/2.csv", "data/b/c/3.csv", "data/x.txt"):
@@ -334,6 +335,7 @@ def test_local_mltable_may_reference_local_and_remote_files(
     assert df["x"].tolist() == [1, 2]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "subsetting",
     ["take: 0", "skip: 5", "take_random_sample: {probability: 0.0, seed: 1}"],

@@ -16,6 +16,7 @@ from datamount.mltable.fsspec_azureml import AzureMLFileSystem
 from mltable_support import azurite_workspace
 
 
+@pytest.mark.unit
 def test_entry_point_registers_the_protocol() -> None:
     assert fsspec.get_filesystem_class("azureml") is AzureMLFileSystem
 

@@ -13,6 +13,8 @@ from datamount.storage.location import StorageKind, StorageLocation
 from datamount.workspace.datastores import Workspace
 from mltable_support import Counts, counting_factory, http_folder
 
+pytestmark = pytest.mark.unit
+
 CSV = b"x\n1\n"
 NO_WS = Workspace.empty()  # not the repository's ./configs/workspace.yaml
 

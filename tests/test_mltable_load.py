@@ -129,12 +129,14 @@ class BytesPath:
         return b"/ws.yaml"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", [42, {"datastores": {}}, b"/ws.yaml", BytesPath()])
 def test_workspace_of_another_type_is_a_type_error(bad: object) -> None:
     with pytest.raises(TypeError, match=r"workspace: expected a datamount Workspace, .* got "):
         frame(bad)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("steps", "columns", "rows"),
     [

@@ -14,6 +14,8 @@ from datamount.mltable import expr as fexpr
 from datamount.mltable.model import BooleanType, Conversion, DatetimeType
 from datamount.mltable.patterns import PartitionFormat, compile_glob, fixed_prefix, needs_recursion
 
+pytestmark = pytest.mark.unit
+
 SRC = "/data/t/MLTable"
 
 

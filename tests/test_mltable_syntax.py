@@ -12,6 +12,8 @@ from datamount.mltable import MLTableError, parse_mltable
 from datamount.mltable import expr as fexpr
 from datamount.mltable.options import InferTypes
 
+pytestmark = pytest.mark.unit
+
 SRC = "/data/t/MLTable"
 
 

@@ -283,6 +283,7 @@ def test_take_over_a_large_csv_reads_only_the_first_blocks(remote) -> None:
     assert all(length <= 1 << 20 for _, _, length in counts["ranges"])  # bounded ranges
 
 
+@pytest.mark.unit
 def test_paths_only_and_local_mltable(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.csv").write_text("x,y\n1,2\n3,4\n")
@@ -296,6 +297,7 @@ def test_paths_only_and_local_mltable(tmp_path: Path) -> None:
     assert list(df["Path"]) == [str(tmp_path / "d" / "a.csv"), str(tmp_path / "d" / "b.csv")]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("multi_line", [False, True], ids=["by-lines", "arrow-streaming"])
 def test_a_header_only_csv_keeps_its_columns(tmp_path: Path, multi_line: bool) -> None:
     """As pandas.read_csv: a file with a header and no row is a table with those
@@ -324,6 +326,7 @@ def test_a_header_only_csv_keeps_its_columns(tmp_path: Path, multi_line: bool) -
         assert [str(t) for t in df.dtypes] == ["int64", "int64"], subset
 
 
+@pytest.mark.unit
 def test_a_header_line_without_a_newline_gives_the_columns(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("x,y")  # pandas.read_csv: columns x, y, no row
     (tmp_path / "b.csv").write_text("x,y\n1,2")  # a last row without a newline
@@ -335,6 +338,7 @@ def test_a_header_line_without_a_newline_gives_the_columns(tmp_path: Path) -> No
         assert df.to_dict("list") == rows
 
 
+@pytest.mark.unit
 def test_small_blocks_quoted_newlines_and_utf16(tmp_path: Path) -> None:
     lines = [f"{i},{i * 0.5 if i >= 60 else i},{'bad' if i == 90 else i}" for i in range(100)]
     (tmp_path / "m.csv").write_text("a,b,c\n" + "\n".join(lines) + "\n")

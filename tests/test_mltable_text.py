@@ -10,6 +10,8 @@ import pytest
 
 from datamount.mltable import load
 
+pytestmark = pytest.mark.unit
+
 TEXT = ["00501", "1.50", "TRUE", "1e3", "2024-01-01", "07", "NA", "null", "-0", " 3 "]
 
 

@@ -29,6 +29,8 @@ from fuse_helpers import (
     wait_for,
 )
 
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
+
 rng = random.Random(5)
 BIG = rng.randbytes(3 * 1024 * 1024 + 17)  # several 1 MiB FUSE reads, an odd tail
 TREE = {

@@ -12,6 +12,8 @@ import random
 import time
 from pathlib import Path
 
+import pytest
+
 from datamount.data import hint
 from datamount.mount.control import state_file
 from datamount.read.prefetch.fileahead import FolderOrder
@@ -56,6 +58,7 @@ def size_of(names: list[str]) -> int:
     return sum(len(BLOBS[f"ahead/{n}"]) for n in names)
 
 
+@pytest.mark.fuse
 def test_listing_order_fetches_the_next_files_ahead(azurite, container, tmp_path, mounts) -> None:  # noqa: ANN001
     mp, env = mount(azurite, container, tmp_path, mounts)
     try:
@@ -80,6 +83,7 @@ def shuffled() -> list[str]:
     raise AssertionError("no such shuffle")
 
 
+@pytest.mark.fuse
 def test_hints_fetch_a_shuffled_order_ahead(azurite, container, tmp_path, mounts) -> None:  # noqa: ANN001
     mp, env = mount(azurite, container, tmp_path, mounts)
     order = shuffled()
@@ -96,6 +100,7 @@ def test_hints_fetch_a_shuffled_order_ahead(azurite, container, tmp_path, mounts
     assert stats["bytes_fetched"] <= size_of(order[:READ]) + WINDOW
 
 
+@pytest.mark.fuse
 def test_a_shuffled_order_without_hints_fetches_nothing_ahead(
     azurite,
     container,
@@ -112,5 +117,6 @@ def test_a_shuffled_order_without_hints_fetches_nothing_ahead(
     assert stats["bytes_fetched"] == size_of(order[:READ])
 
 
+@pytest.mark.unit
 def test_hint_outside_a_mount_sends_nothing(tmp_path: Path) -> None:
     assert hint(tmp_path, ["a", "b"]) is False

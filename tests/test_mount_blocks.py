@@ -31,6 +31,8 @@ from datamount.mount.control import alive, is_stale, state_file
 from faultproxy import FaultProxy
 from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file, wait_for
 
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
+
 BS = 64 * 1024
 MIB = 1024 * 1024
 BLOCK_ENV = {"DATASET_MOUNT_READ_BLOCK_SIZE": "64KB"}

@@ -26,6 +26,8 @@ import pytest
 
 from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file
 
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
+
 BS = 64 * 1024
 rng = random.Random(20240917)
 OLD = rng.randbytes(3 * BS + 17)

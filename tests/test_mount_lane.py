@@ -270,6 +270,7 @@ def test_callers_beyond_the_slabs_wait_and_close_releases_them(
     assert isinstance(results[-1], LaneUnavailable)
 
 
+@pytest.mark.unit
 def test_the_knob() -> None:
     assert Settings.from_env({}).mount_processes == 1
     assert Settings.from_env({"DATAMOUNT_MOUNT_PROCESSES": "3"}).mount_processes == 3
@@ -277,6 +278,7 @@ def test_the_knob() -> None:
         Settings.from_env({"DATAMOUNT_MOUNT_PROCESSES": "0"})
 
 
+@pytest.mark.fuse
 def test_a_ro_mount_over_https_with_worker_processes_reads_the_bytes_and_leaves_none(
     azurite_https: Azurite, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -312,6 +314,7 @@ def test_a_ro_mount_over_https_with_worker_processes_reads_the_bytes_and_leaves_
     assert not glob.glob("/dev/shm/datamount-lane-*")
 
 
+@pytest.mark.unit
 def test_a_store_no_worker_can_open_keeps_the_files_in_the_daemon(caplog) -> None:  # noqa: ANN001
     from datamount.mount.stack import start_lane
     from datamount.storage.memory import MemoryStore
@@ -323,6 +326,7 @@ def test_a_store_no_worker_can_open_keeps_the_files_in_the_daemon(caplog) -> Non
     assert start_lane(Settings.from_env({}), MemoryStore(), NoCache()) is None  # the default
 
 
+@pytest.mark.unit
 def test_a_worker_that_cannot_start_is_an_oserror_and_leaves_nothing() -> None:
     before = set(glob.glob("/dev/shm/datamount-lane-*"))
     with pytest.raises(OSError, match=r"mount worker process \d+ did not start: AttributeError"):

@@ -14,6 +14,8 @@ import pytest
 from datamount.errors import DataError, DatamountError
 from datamount.mount import control, table
 
+pytestmark = pytest.mark.unit
+
 
 def test_mountinfo_parsing_unescapes_paths(tmp_path: Path) -> None:
     info = tmp_path / "mountinfo"

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from datamount.mount.plan import EvalFile, MountPlan
 from datamount.settings import Settings
 from datamount.storage.credentials import Credential
@@ -30,6 +32,7 @@ def workspace_loads(tmp_path: Path) -> int:
     return sum(" workspace " in line and " datastores, " in line for line in log.splitlines())
 
 
+@pytest.mark.fuse
 def test_one_mount_resolves_once_and_checks_the_source_once(
     azurite, container, proxy: FaultProxy, tmp_path: Path, mounts: Mounts
 ) -> None:  # noqa: ANN001
@@ -63,6 +66,7 @@ def test_one_mount_resolves_once_and_checks_the_source_once(
         assert datamount("unmount", str(point), env=env).returncode == 0
 
 
+@pytest.mark.fuse
 def test_the_daemon_holds_no_secret_in_argv_or_environment(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:  # noqa: ANN001
@@ -87,6 +91,7 @@ def test_the_daemon_holds_no_secret_in_argv_or_environment(
     assert datamount("unmount", str(mp), env=env).returncode == 0
 
 
+@pytest.mark.unit
 def test_a_plan_survives_its_channel_and_prints_no_secret(tmp_path: Path) -> None:
     key = "c2VjcmV0LWtleS1mb3ItdGhlLXBsYW4="
     blob = StorageLocation(

@@ -7,8 +7,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from fuse_helpers import Mounts, datamount, wait_for
 from test_metrics import mount_with_metrics, scrape, status_json
+
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
 
 FILES = 12
 SIZE = 256 * 1024

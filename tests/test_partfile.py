@@ -28,6 +28,8 @@ from datamount.transfer.partfile import (
     read_range,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def fill(part: PartFile, body: bytes, step: int) -> None:
     """Write `body` in `step`s from a page-aligned buffer, as a download does."""

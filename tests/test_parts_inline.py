@@ -16,6 +16,8 @@ import pytest
 from datamount.storage.memory import MemoryStore
 from test_dense_fill import BS, DATA, Rig
 
+pytestmark = pytest.mark.unit
+
 
 class ThreadedStore(MemoryStore):
     """A MemoryStore that records the thread of every read_into."""

@@ -58,6 +58,7 @@ def verdict(path: Path, tmp_path: Path) -> str:
     return "accept"
 
 
+@pytest.mark.oracle
 @pytest.mark.usefixtures("no_network")
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("path", KINDS, ids=lambda p: p.name)
@@ -73,6 +74,7 @@ def test_same_verdict_as_the_sdk(path: Path, tmp_path: Path) -> None:
     assert verdict(path, tmp_path) == expected, header.get("deliberate", "disagree")
 
 
+@pytest.mark.unit
 def test_the_kinds_are_named_in_the_message(tmp_path: Path) -> None:
     settings = Settings.from_env({}, cache_dir=str(tmp_path / "c"), log_dir=str(tmp_path / "l"))
     ctx = Context(settings, {}, tmp_path)
@@ -96,6 +98,7 @@ def out(step: str, name: str = "o") -> str:
     return f"${{{{parent.jobs.{step}.outputs.{name}}}}}"
 
 
+@pytest.mark.unit
 def test_steps_run_in_dependency_order() -> None:
     jobs = {
         "join": cmd({"a": out("left"), "b": out("right")}),
@@ -108,6 +111,7 @@ def test_steps_run_in_dependency_order() -> None:
     assert pipeline.steps["join"].depends_on() == {"left", "right"}
 
 
+@pytest.mark.unit
 def test_a_cycle_and_bad_bindings_are_one_line_each() -> None:
     jobs = {
         "a": cmd({"x": out("b")}, {"o": {"type": "uri_folder"}}),
@@ -128,6 +132,7 @@ def test_a_cycle_and_bad_bindings_are_one_line_each() -> None:
     ])  # fmt: skip
 
 
+@pytest.mark.unit
 def test_a_nested_pipeline_is_flattened_and_checked_across_levels(tmp_path: Path) -> None:
     import yaml
 
@@ -177,6 +182,7 @@ def test_a_nested_pipeline_is_flattened_and_checked_across_levels(tmp_path: Path
     ]
 
 
+@pytest.mark.unit
 def test_registry_and_workspace_components_are_looked_up(tmp_path: Path) -> None:
     import yaml
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fuse_helpers import Mounts, datamount, mount_env
+
+pytestmark = pytest.mark.azurite
 
 CMD = "https://azuremlschemas.azureedge.net/latest/commandComponent.schema.json"
 PIPE = "https://azuremlschemas.azureedge.net/latest/pipelineJob.schema.json"
@@ -58,6 +61,8 @@ def step(command: str, inputs: dict, outputs: dict | None = None) -> dict:
     return {"type": "command", "command": command, "inputs": inputs, "outputs": outputs or {}}
 
 
+@pytest.mark.slow
+@pytest.mark.fuse
 def test_a_fan_out_fan_in_pipeline_runs_end_to_end(
     azurite,
     container,

@@ -15,6 +15,8 @@ import pytest
 
 from datamount.read.prefetch.fileahead import DENSITY, MIN_STREAK, TOLERANCE, AheadPlan, FolderOrder
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass
 class _OldFolder:

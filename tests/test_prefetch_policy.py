@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datamount.read.blocks import blocks_for
 from datamount.read.prefetch.policy import PrefetchPolicy
+
+pytestmark = pytest.mark.unit
 
 BS = 256  # bytes: only the block arithmetic matters here
 

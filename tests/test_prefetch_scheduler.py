@@ -12,6 +12,8 @@ import pytest
 from datamount.read.prefetch.scheduler import Scheduler, SchedulerClosed
 from test_reader_fakes import wait_for
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def pools() -> Iterator[Callable[..., Scheduler]]:

@@ -313,6 +313,7 @@ def test_a_proxy_that_is_not_listening_is_one_line_exit_3_quickly(
     assert elapsed < 8, elapsed
 
 
+@pytest.mark.fuse
 def test_ro_mount_reads_cross_the_proxy(
     azurite_https: Azurite, https_container: ContainerClient, tmp_path: Path,
     mounts: Mounts, http_proxy: ProxyServer,
@@ -443,6 +444,7 @@ def test_the_raw_and_sdk_paths_cross_the_proxy_and_fail_alike(
 # -- the decision (requests' rules) and the secret ------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("no_proxy", "url", "bypass"),
     [
@@ -476,6 +478,7 @@ def test_no_proxy_decides_as_requests_does(
         assert (chosen.host, chosen.port) == ("proxy.example", 3128)
 
 
+@pytest.mark.unit
 def test_scheme_and_case_choose_the_proxy(no_ambient_proxy: pytest.MonkeyPatch) -> None:
     no_ambient_proxy.setenv("HTTPS_PROXY", "http://upper.example:1")
     no_ambient_proxy.setenv("https_proxy", "lower.example:2")  # no scheme: http://
@@ -489,6 +492,7 @@ def test_scheme_and_case_choose_the_proxy(no_ambient_proxy: pytest.MonkeyPatch) 
         proxies.for_url("https://acct.blob.core.windows.net/c")
 
 
+@pytest.mark.unit
 def test_proxy_credentials_become_a_masked_basic_header(
     no_ambient_proxy: pytest.MonkeyPatch,
 ) -> None:

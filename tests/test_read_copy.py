@@ -10,6 +10,8 @@ import pytest
 
 from datamount.read.copy import GIL_FREE_MIN, copy_into
 
+pytestmark = pytest.mark.unit
+
 SOURCE = random.Random(5).randbytes(3 * GIL_FREE_MIN + 17)
 
 

@@ -25,6 +25,8 @@ from datamount.transfer.downloader import DownloadOptions
 from datamount.write.writeback import WriteBack, WriteBackOptions
 from test_reader_fakes import block_stack, object_id, source
 
+pytestmark = pytest.mark.unit
+
 BS = 1024
 DATA = source(5 * BS + 17)
 RANGES = [(0, 0), (0, 1), (0, BS), (BS - 3, 10), (7, 3 * BS), (5 * BS, 100), (len(DATA), 9),

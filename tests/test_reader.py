@@ -36,6 +36,8 @@ from test_reader_fakes import (
     wait_for,
 )
 
+pytestmark = pytest.mark.unit
+
 BS = 1024
 SIZES = [0, 1, BS - 1, BS, BS + 1, 3 * BS + 7]
 

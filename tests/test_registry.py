@@ -12,6 +12,8 @@ from datamount.errors import WorkspaceError
 from datamount.workspace.datastores import Workspace, registry_path
 from datamount.workspace.registry import next_version, register
 
+pytestmark = pytest.mark.unit
+
 WS = """\
 # comments and ${VAR}s stay untouched: registration never rewrites this file
 datastores:

@@ -10,6 +10,8 @@ from datamount.storage.replicas import Replica, ReplicaMismatch, ReplicaStore
 from datamount.storage.retry import RetryPolicy
 from faults import FaultyStore, forbidden, throttled
 
+pytestmark = pytest.mark.unit
+
 FILES = {f"f{i:02d}.bin": bytes([i]) * (100 + i) for i in range(12)}
 
 

@@ -17,6 +17,8 @@ from datamount.storage import store_for
 from datamount.storage.replicas import ReplicaStore
 from datamount.storage.retry import RetryPolicy
 
+pytestmark = pytest.mark.unit
+
 A, B, C = (f"azureml://datastores/{n}/paths/train/" for n in "abc")
 
 

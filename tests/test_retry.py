@@ -22,6 +22,8 @@ from faults import (
     throttled,
 )
 
+pytestmark = pytest.mark.unit
+
 DATA = bytes(range(256)) * 40
 
 

@@ -21,6 +21,8 @@ import yaml
 from faultproxy import FaultProxy
 from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, wait_for
 
+pytestmark = pytest.mark.azurite
+
 rng = random.Random(11)
 SOURCE = {
     "data/train/a.txt": b"alpha\n",
@@ -100,6 +102,7 @@ def registry(tmp_path: Path) -> dict:
     return yaml.safe_load((tmp_path / "ws.assets.yaml").read_text())["data_assets"]
 
 
+@pytest.mark.fuse
 def test_run_every_mode_end_to_end(
     azurite, container, seeded, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -155,6 +158,7 @@ def test_run_every_mode_end_to_end(
     assert resolved.stdout.strip() == f"{azurite.endpoint}/{seeded}/out/model/", resolved.stderr
 
 
+@pytest.mark.fuse
 def test_run_default_workdir_is_removed(
     azurite, container, seeded, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -170,6 +174,7 @@ def test_run_default_workdir_is_removed(
     assert list(scratch.iterdir()) == []
 
 
+@pytest.mark.fuse
 def test_failing_command_keeps_its_exit_code_and_uploads_outputs(
     azurite, container, seeded, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -187,6 +192,7 @@ def test_failing_command_keeps_its_exit_code_and_uploads_outputs(
     assert not mounted(workdir / "inputs" / "train")
 
 
+@pytest.mark.fuse
 def test_missing_input_fails_before_the_command(
     azurite, container, seeded, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -352,6 +358,7 @@ def test_permanent_failure_preparing_an_input_is_not_tried_again(
     assert out.stdout == ""
 
 
+@pytest.mark.fuse
 def test_sigterm_reaches_the_command_then_outputs_are_written_and_mounts_undone(
     azurite, container, seeded, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -381,6 +388,7 @@ def test_sigterm_reaches_the_command_then_outputs_are_written_and_mounts_undone(
     assert not (tmp_path / "ws.assets.yaml").exists()
 
 
+@pytest.mark.fuse
 def test_sigterm_while_preparing_undoes_what_was_prepared(
     azurite, container, seeded, tmp_path: Path, proxy: FaultProxy, mounts: Mounts
 ) -> None:
@@ -419,6 +427,7 @@ def outputs_job(tmp_path: Path, command: str, outputs: dict) -> Path:
     return job_file(tmp_path, command, inputs={}, outputs=outputs)
 
 
+@pytest.mark.fuse
 def test_signal_while_writing_outputs_finishes_them(
     azurite, container, seeded, tmp_path: Path
 ) -> None:
@@ -498,6 +507,7 @@ def test_unreachable_output_fails_before_the_command(
     assert not marker.exists()
 
 
+@pytest.mark.fuse
 def test_closed_stderr_does_not_stop_the_outputs(
     azurite, container, seeded, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -566,6 +576,7 @@ def test_optional_input_left_out_drops_its_block(
     assert bad.returncode == 2 and "${{inputs.o}} has no value" in bad.stderr
 
 
+@pytest.mark.fuse
 def test_an_unwritten_uri_file_output_is_not_registered(
     azurite, container, seeded, tmp_path: Path, mounts: Mounts
 ) -> None:

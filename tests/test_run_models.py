@@ -10,9 +10,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fuse_helpers import CLI_TIMEOUT, EXE, datamount, mount_env
+
+pytestmark = pytest.mark.azurite
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
 DS = "azureml://datastores/workspaceblobstore/paths"

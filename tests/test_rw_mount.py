@@ -31,6 +31,8 @@ from datamount.transfer.uploader import BLOCK_SIZE
 from faultproxy import FaultProxy
 from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, wait_for
 
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
+
 rng = random.Random(23)
 MiB = 1024 * 1024
 
@@ -95,6 +97,7 @@ def staging_dir(mounts: Mounts) -> Path:
 SIZES = [0, 1, BLOCK_SIZE, BLOCK_SIZE + 1, 2 * BLOCK_SIZE + 3 * MiB + 7]
 
 
+@pytest.mark.slow
 def test_write_sizes_sequential_and_random_read_back(
     azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
 ) -> None:  # noqa: ANN001
@@ -370,6 +373,7 @@ def test_sigkill_mid_write_then_remount_uploads_closed_files(
     assert "was still open for writing" in runtime_log(mounts)
 
 
+@pytest.mark.slow
 def test_unmount_of_a_killed_daemon_fails_and_names_what_is_staged(
     azurite, container, tmp_path: Path, mounts: Mounts, proxy: FaultProxy
 ) -> None:  # noqa: ANN001
@@ -461,6 +465,7 @@ def small_cache(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(cache)], check=False)
 
 
+@pytest.mark.slow
 def test_reserve_reached_is_enospc_and_file_intact(
     azurite,
     container,
@@ -560,6 +565,7 @@ def test_concurrent_writers_and_readers(
     unmount_ok(mounts, mp, env)
 
 
+@pytest.mark.slow
 def test_unmount_with_a_file_still_open_names_it_and_exits_4(
     azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
 ) -> None:  # noqa: ANN001

@@ -20,6 +20,8 @@ from datamount.storage import ObjectStore
 from fuse_helpers import Mounts
 from test_rw_mount import blob, env_for, mount_ok, runtime_log, unmount_ok
 
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
+
 
 def keys(store: ObjectStore) -> list[str]:
     return sorted(o.key for page in store.list_pages("out/") for o in page.objects)

@@ -1,4 +1,4 @@
-"""Settings: defaults of DESIGN.md §3, parsing of every variable, one clear
+"""Settings: the documented defaults (docs/configuration.md), parsing of every variable, one clear
 error line per bad variable, overrides, and no reads of os.environ."""
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from datamount.settings import (
     parse_bool,
     parse_size,
 )
+
+pytestmark = pytest.mark.unit
 
 CORES = 3
 

@@ -17,11 +17,13 @@ from datamount.jobspec.job import (
 )
 from datamount.jobspec.uris import LocationKind
 
+pytestmark = pytest.mark.unit
+
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DS = "azureml://datastores/workspaceblobstore/paths/x/"
 
 MODELS = ("mlflow_model", "custom_model", "triton_model")
-# The table, written out independently of the code under test (DESIGN.md §1).
+# The table, written out independently of the code under test (docs/specs.md).
 TABLE = {
     ("input", "uri_file"): {"download", "ro_mount", "direct"},
     ("input", "uri_folder"): {"download", "ro_mount", "direct"},

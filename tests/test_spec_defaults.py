@@ -9,6 +9,8 @@ import pytest
 
 from datamount.jobspec.job import DataType, LiteralInput, Mode, parse_spec
 
+pytestmark = pytest.mark.unit
+
 DS = "azureml://datastores/workspaceblobstore/paths/x/"
 
 

@@ -7,6 +7,8 @@ import pytest
 from datamount.errors import SpecError
 from datamount.jobspec.job import parse_spec
 
+pytestmark = pytest.mark.unit
+
 ALLOWED = "allowed: ${{name}}, ${{output_name}}, ${{default_datastore}}"
 
 

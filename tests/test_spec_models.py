@@ -19,6 +19,8 @@ from datamount.storage.location import StorageKind
 from datamount.workspace import runhistory
 from datamount.workspace.datastores import Workspace
 
+pytestmark = pytest.mark.unit
+
 MODELS = ("mlflow_model", "custom_model", "triton_model")
 
 

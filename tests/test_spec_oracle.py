@@ -99,6 +99,7 @@ def datamount_verdict(path: Path, tmp_path: Path) -> str:
     return "accept"
 
 
+@pytest.mark.unit
 def test_the_corpus_covers_the_table() -> None:
     """Every type × mode × direction cell has its file, and the corpus holds
     at least 150 cases."""
@@ -113,6 +114,7 @@ def test_the_corpus_covers_the_table() -> None:
         assert _header(path).get("sdk") in ("accept", "reject"), path
 
 
+@pytest.mark.oracle
 @pytest.mark.usefixtures("no_network")
 @pytest.mark.filterwarnings("ignore:The `context` parameter is deprecated")  # SDK on marshmallow 3
 @pytest.mark.parametrize("path", CORPUS, ids=lambda p: str(p.relative_to(SPECS)))
@@ -131,6 +133,7 @@ def test_same_verdict_as_the_sdk(path: Path, load_job: Any, tmp_path: Path) -> N
     assert got == expected, header.get("deliberate", "datamount and the SDK disagree")
 
 
+@pytest.mark.unit
 def test_no_network_fails_a_connection_beyond_loopback(no_network: None) -> None:
     with pytest.raises(pytest.fail.Exception, match="tried the network"):
         socket.create_connection(("192.0.2.1", 9), timeout=0.1)  # TEST-NET-1: never routed

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fuse_helpers import Mounts, datamount, mount_env
+
+pytestmark = pytest.mark.azurite
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
 
@@ -55,6 +58,7 @@ def test_direct_output_gives_the_command_the_resolved_uri(
     assert azurite.key not in out.stdout + out.stderr
 
 
+@pytest.mark.fuse
 def test_legacy_output_mount_is_rw_mount(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:

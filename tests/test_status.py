@@ -8,8 +8,12 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from datamount.mount.control import alive, read_state
 from fuse_helpers import Mounts, datamount, mount_env, spec_file, wait_for
+
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
 
 
 def status(env: dict[str, str]) -> list[dict]:
@@ -55,6 +59,7 @@ def test_status_lists_mounts_and_upload_outputs(
     assert status(env) == []
 
 
+@pytest.mark.slow
 def test_two_mounts_of_entries_with_the_same_name_keep_their_own_stats(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:

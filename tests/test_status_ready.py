@@ -10,9 +10,13 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from datamount.cli import status
 from datamount.mount.control import alive
 from fuse_helpers import Mounts, datamount, mount_env, spec_file, wait_for
+
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
 
 
 def ready(mp: Path, env: dict[str, str]) -> tuple[int, str]:
@@ -20,6 +24,7 @@ def ready(mp: Path, env: dict[str, str]) -> tuple[int, str]:
     return out.returncode, (out.stdout + out.stderr).strip()
 
 
+@pytest.mark.slow
 def test_ready_while_mounted_not_after_unmount_nor_elsewhere(
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:

@@ -66,6 +66,7 @@ class RequestCounter:
         return sum(self.methods.values())
 
 
+@pytest.mark.slow
 @pytest.mark.azurite
 def test_listing_crosses_the_5000_page_boundary_lazily(
     azurite: Azurite, many_blobs: tuple[str, dict[str, bytes]]
@@ -207,6 +208,7 @@ def test_stores_on_one_container_share_one_client(
     c.close()
 
 
+@pytest.mark.unit
 def test_identity_credentials_map_to_azure_identity() -> None:
     from azure.identity import ChainedTokenCredential, ManagedIdentityCredential
 
@@ -220,6 +222,7 @@ def test_identity_credentials_map_to_azure_identity() -> None:
     assert sdk_credential(Credential.anonymous(), "acct") is None
 
 
+@pytest.mark.unit
 def test_account_of_endpoint() -> None:
     assert account_of("http://127.0.0.1:10000/devstoreaccount1") == "devstoreaccount1"
     assert account_of("https://acct.blob.core.windows.net") == "acct"
@@ -264,6 +267,7 @@ def busy_server() -> Iterator[tuple[str, list[str]]]:
     server.server_close()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("retries", [0, 3])
 def test_only_our_policy_retries(busy_server: tuple[str, list[str]], retries: int) -> None:
     endpoint, seen = busy_server
@@ -279,6 +283,7 @@ def test_only_our_policy_retries(busy_server: tuple[str, list[str]], retries: in
     store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.azurite
 def test_directory_listing_starts_with_a_small_page(
     azurite: Azurite, container: ContainerClient

@@ -33,6 +33,8 @@ from datamount.storage.azure_list import list_params
 from datamount.storage.azure_raw import RawClient
 from datamount.storage.credentials import Credential, CredentialKind
 
+pytestmark = pytest.mark.unit
+
 
 def test_header_order_matches_the_sdk_collation() -> None:
     rng = random.Random(5)

@@ -101,6 +101,7 @@ ANSWER = b"""<?xml version="1.0" encoding="utf-8"?>
 </EnumerationResults>"""
 
 
+@pytest.mark.unit
 def test_a_list_answer_is_read_by_depth_with_encoded_names() -> None:
     page, marker = parse_list(ANSWER)
     assert marker == "2!88!MDAwMDI0-"
@@ -118,6 +119,7 @@ def test_a_list_answer_is_read_by_depth_with_encoded_names() -> None:
     assert second.content_md5 is None and second.is_dir
 
 
+@pytest.mark.unit
 def test_an_empty_last_page_and_a_broken_answer() -> None:
     page, marker = parse_list(b"<EnumerationResults><Blobs /><NextMarker /></EnumerationResults>")
     assert (page.objects, page.prefixes, marker) == ([], [], None)
@@ -126,6 +128,7 @@ def test_an_empty_last_page_and_a_broken_answer() -> None:
     assert info.value.transient and "not a listing" in str(info.value)
 
 
+@pytest.mark.unit
 def test_list_params_leave_empty_ones_out() -> None:
     assert list_params("", None, None) == [
         ("restype", "container"),
@@ -136,6 +139,7 @@ def test_list_params_leave_empty_ones_out() -> None:
     assert ("marker", "m!1") in list_params("p/", "/", "m!1")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "text",
     [
@@ -150,10 +154,12 @@ def test_http_time_equals_the_general_parser(text: str) -> None:
     assert http_time(text) == email.utils.parsedate_to_datetime(text).timestamp()
 
 
+@pytest.mark.unit
 def test_http_time_of_nothing_or_junk_is_none() -> None:
     assert http_time(None) is None and http_time("") is None and http_time("soon") is None
 
 
+@pytest.mark.unit
 def test_the_raw_path_speaks_the_sdk_service_version() -> None:
     client = ContainerClient("http://127.0.0.1:1/acct", "c")
     assert client.api_version == API_VERSION  # a newer SDK: raise API_VERSION with it
@@ -265,6 +271,7 @@ def test_stat_equals_the_sdk_properties(azurite: Azurite, container: ContainerCl
     store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.azurite
 def test_paging_is_lazy_over_5003_blobs(
     azurite: Azurite, many_blobs: tuple[str, dict[str, bytes]]
@@ -371,6 +378,7 @@ def run_python(code: str, **env: str) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.unit
 def test_importing_the_store_does_not_load_the_sdk() -> None:
     code = "import sys, datamount.storage.azure_blob; print('azure.storage.blob' in sys.modules)"
     assert run_python(code) == "False"
@@ -421,6 +429,7 @@ def test_reads_listing_stat_and_errors_never_load_the_sdk(
     assert [b.name for b in container.list_blobs()] == ["s/blob"]
 
 
+@pytest.mark.unit
 def test_list_and_stat_keep_the_error_table() -> None:
     # A port nobody listens on: connection refused, transient, repeated.
     store = AzureBlobStore(

@@ -187,6 +187,7 @@ def test_anonymous_read_into_of_a_public_container(azurite: Azurite) -> None:
     container.delete_container()
 
 
+@pytest.mark.unit
 def test_a_token_is_never_sent_over_http(stub: tuple[Stub, str]) -> None:
     state, root = stub
     managed = Credential(CredentialKind.MANAGED_IDENTITY, client_id="1")
@@ -196,6 +197,7 @@ def test_a_token_is_never_sent_over_http(stub: tuple[Stub, str]) -> None:
     assert state.ranges == []  # refused before any request
 
 
+@pytest.mark.unit
 def test_a_server_ignoring_the_range(stub: tuple[Stub, str]) -> None:
     state, root = stub
     state.script = ["norange", "norange"]
@@ -336,6 +338,7 @@ def stub_store(root: str, **kw: Any) -> AzureBlobStore:
     )
 
 
+@pytest.mark.unit
 def test_a_reset_mid_body_is_retried_whole(stub: tuple[Stub, str]) -> None:
     state, root = stub
     state.script = ["reset", "reset"]
@@ -350,6 +353,7 @@ def test_a_reset_mid_body_is_retried_whole(stub: tuple[Stub, str]) -> None:
     store.close()
 
 
+@pytest.mark.unit
 def test_read_into_views_is_one_request_and_a_reset_refills_every_buffer(
     stub: tuple[Stub, str],
 ) -> None:
@@ -365,6 +369,7 @@ def test_read_into_views_is_one_request_and_a_reset_refills_every_buffer(
     store.close()
 
 
+@pytest.mark.unit
 def test_503_with_retry_after_is_retried(stub: tuple[Stub, str]) -> None:
     state, root = stub
     state.script = ["busy", "busy"]
@@ -378,6 +383,7 @@ def test_503_with_retry_after_is_retried(stub: tuple[Stub, str]) -> None:
     store.close()
 
 
+@pytest.mark.slow  # waits out read timeouts (0.5 s an attempt)
 def test_a_stalled_body_times_out_retries_then_fails(stub: tuple[Stub, str]) -> None:
     state, root = stub
     state.script = ["stall"] * 3
@@ -395,6 +401,7 @@ def test_a_stalled_body_times_out_retries_then_fails(stub: tuple[Stub, str]) -> 
     store.close()
 
 
+@pytest.mark.slow  # waits out read timeouts (0.5 s an attempt)
 @pytest.mark.parametrize("op", ["stat", "delete"])  # the raw path's HEAD, the SDK's DELETE
 def test_both_paths_have_the_same_stall_timeout(stub: tuple[Stub, str], op: str) -> None:
     state, root = stub
@@ -413,6 +420,7 @@ def test_both_paths_have_the_same_stall_timeout(stub: tuple[Stub, str], op: str)
     store.close()
 
 
+@pytest.mark.slow  # waits out read timeouts (0.5 s an attempt)
 def test_http_store_stall_times_out_too(stub: tuple[Stub, str]) -> None:
     state, root = stub
     state.script = ["stall"] * 2
@@ -427,6 +435,7 @@ def test_http_store_stall_times_out_too(stub: tuple[Stub, str]) -> None:
     store.close()
 
 
+@pytest.mark.unit
 def test_connections_are_kept_alive_and_dropped_ones_replaced(stub: tuple[Stub, str]) -> None:
     state, root = stub
     policy = fast_retry(0)  # a stale connection must not cost a retry
@@ -443,6 +452,7 @@ def test_connections_are_kept_alive_and_dropped_ones_replaced(stub: tuple[Stub, 
     store.close()
 
 
+@pytest.mark.unit
 def test_threads_share_the_pool(stub: tuple[Stub, str]) -> None:
     state, root = stub
     store = stub_store(root, retry=fast_retry(), pool_size=4)
@@ -509,6 +519,7 @@ def test_read_span_is_one_request_read_through_the_buffer(
     store.close()
 
 
+@pytest.mark.unit
 def test_read_span_retry_asks_only_for_what_the_sink_has_not_had(
     stub: tuple[Stub, str],
 ) -> None:
@@ -528,6 +539,7 @@ def test_read_span_retry_asks_only_for_what_the_sink_has_not_had(
     store.close()
 
 
+@pytest.mark.unit
 def test_read_span_sink_errors_are_raised_unchanged_and_not_retried(
     stub: tuple[Stub, str],
 ) -> None:

@@ -11,6 +11,8 @@ from datamount.errors import ReadOnlyError, VersionChanged
 from datamount.storage.filelist import FileListStore, ListedFile
 from datamount.storage.memory import MemoryStore
 
+pytestmark = pytest.mark.unit
+
 
 def listed(store: MemoryStore, key: str, shown: str) -> ListedFile:
     info = store.stat(key)

@@ -20,6 +20,8 @@ from datamount.storage.http import HttpStore
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
 
+pytestmark = pytest.mark.unit
+
 SIZE = 300_007
 DATA = random.Random(3).randbytes(SIZE)
 

@@ -26,6 +26,7 @@ def effective(s: Settings) -> tuple[bool, int, bool]:
     return s.block_based_cache_enabled, s.memory_cache_size, s.block_file_cache_enabled
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("level", sorted(EXPECTED))
 def test_each_level_sets_its_values(level: str) -> None:
     s = Settings.from_env({"DATAMOUNT_STORAGE_LEVEL": level})
@@ -37,6 +38,7 @@ def test_each_level_sets_its_values(level: str) -> None:
     assert sorted(STORAGE_LEVELS) == sorted(EXPECTED)
 
 
+@pytest.mark.unit
 def test_no_level_keeps_the_defaults() -> None:
     s = Settings.from_env({})
     assert s.storage_level is None and storage_level_line(s) is None
@@ -44,6 +46,7 @@ def test_no_level_keeps_the_defaults() -> None:
     assert "DATAMOUNT_STORAGE_LEVEL=unset" in s.describe()
 
 
+@pytest.mark.unit
 def test_an_explicit_variable_wins_over_the_level() -> None:
     s = Settings.from_env(
         {
@@ -64,6 +67,7 @@ def test_an_explicit_variable_wins_over_the_level() -> None:
     assert effective(s) == (True, MB, True)
 
 
+@pytest.mark.unit
 def test_a_level_survives_the_plan_round_trip() -> None:
     s = Settings.from_env(
         {"DATAMOUNT_STORAGE_LEVEL": "disk", "DATASET_MOUNT_MEMORY_CACHE_SIZE": "2MB"}
@@ -72,6 +76,7 @@ def test_a_level_survives_the_plan_round_trip() -> None:
     assert again == s
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", ["fast", "ram", "memory,disk"])
 def test_a_bad_level_is_one_line(bad: str) -> None:
     with pytest.raises(SettingsError) as info:
@@ -111,6 +116,7 @@ def test_the_cli_refuses_a_bad_level(azurite, container, tmp_path: Path) -> None
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.fuse
 @pytest.mark.parametrize("level", sorted(EXPECTED))
 def test_ro_mount_per_level(azurite, container, tmp_path: Path, mounts: Mounts, level: str) -> None:  # noqa: ANN001
     body = random.Random(level).randbytes(16 * BS + 100)  # 17 blocks

@@ -14,6 +14,8 @@ from datamount.storage import open_store
 from datamount.storage.local import LocalStore
 from datamount.storage.location import StorageKind, StorageLocation
 
+pytestmark = pytest.mark.unit
+
 
 def tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))

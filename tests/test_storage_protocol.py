@@ -70,9 +70,9 @@ def fast_retry() -> RetryPolicy:
 
 @pytest.fixture(
     params=[
-        "memory",
-        "local",
-        "faulty",
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("local", marks=pytest.mark.unit),
+        pytest.param("faulty", marks=pytest.mark.unit),
         pytest.param("azure", marks=pytest.mark.azurite),
         pytest.param("azure_https", marks=pytest.mark.azurite),
     ],
@@ -176,6 +176,7 @@ def test_read_into_views_fills_consecutive_buffers_in_order(store: ObjectStore) 
     assert store.read_into_views("views", 0, []) == 0
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", ["memory", "local"])
 def test_random_reads_equal_source_slices(kind: str, tmp_path: Path) -> None:
     s: ObjectStore = MemoryStore() if kind == "memory" else LocalStore(tmp_path)
@@ -366,10 +367,10 @@ READ_ONLY = ["http", "http-no-ranges", "filelist"]
 
 @pytest.fixture(
     params=[
-        "memory",
-        "local",
-        "faulty",
-        *READ_ONLY,
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("local", marks=pytest.mark.unit),
+        pytest.param("faulty", marks=pytest.mark.unit),
+        *(pytest.param(kind, marks=pytest.mark.unit) for kind in READ_ONLY),
         pytest.param("azure", marks=pytest.mark.azurite),
         pytest.param("azure_https", marks=pytest.mark.azurite),
     ],
@@ -458,6 +459,7 @@ def test_declared_capabilities(
         assert store.supports_ranges is store.inner.supports_ranges
 
 
+@pytest.mark.unit
 def test_a_wrapper_declares_its_inner_stores_ranges(tmp_path: Path) -> None:
     site = Site(ranges=False)
     site.publish("/f", SOURCE)
@@ -488,6 +490,7 @@ WRITES: list[tuple[str, Callable[[ObjectStore, str], object]]] = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", READ_ONLY)
 def test_read_only_stores_refuse_every_write_before_any_request(kind: str) -> None:
     if kind == "filelist":

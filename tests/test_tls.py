@@ -73,6 +73,7 @@ def tree_of(root: Path) -> dict[str, bytes]:
 # -- the context and the setting ---------------------------------------------
 
 
+@pytest.mark.unit
 def test_a_missing_or_bad_ca_bundle_is_a_settings_error(tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as caught:
         Settings.from_env({"REQUESTS_CA_BUNDLE": str(tmp_path / "nope.pem")})
@@ -188,6 +189,7 @@ def test_download_without_trust_of_the_ca_is_one_line_exit_3_nothing_written(
     assert not dest.exists() or not any(dest.rglob("*"))
 
 
+@pytest.mark.fuse
 def test_ro_mount_over_https_reads_the_bytes(
     azurite_https: Azurite, https_container: ContainerClient, tmp_path: Path, mounts: Mounts
 ) -> None:
@@ -232,6 +234,7 @@ def test_upload_over_https_writes_every_byte(
     assert blobs_of(https_container, "up/") == files
 
 
+@pytest.mark.fuse
 def test_rw_mount_over_https_uploads_what_was_written(
     azurite_https: Azurite, https_container: ContainerClient, tmp_path: Path, mounts: Mounts
 ) -> None:

@@ -105,6 +105,7 @@ def test_single_file_to_key_and_to_folder(azure_store, container, tmp_path: Path
     assert container.download_blob("models/model.pt").readall() == path.read_bytes()
 
 
+@pytest.mark.unit
 def test_empty_folder_uploads_nothing(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     store = MemoryStore()
@@ -113,11 +114,13 @@ def test_empty_folder_uploads_nothing(tmp_path: Path) -> None:
     assert store.requests["put"] == 0
 
 
+@pytest.mark.unit
 def test_missing_source_is_clear(tmp_path: Path) -> None:
     with pytest.raises(DatamountError, match=r"no such file or folder to upload"):
         Uploader(MemoryStore(), opts()).upload(tmp_path / "nope", "x/")
 
 
+@pytest.mark.unit
 def test_transient_then_permanent(tmp_path: Path) -> None:
     write_tree(tmp_path / "s", {"a.bin": rng.randbytes(3 * BLOCK), "b.txt": b"b"})
     retry = RetryPolicy(retries=4, sleep=lambda s: None)
@@ -135,10 +138,12 @@ def test_transient_then_permanent(tmp_path: Path) -> None:
         Uploader(FaultyStore(MemoryStore(), bad, retry=retry), opts()).upload(tmp_path / "s", "p/")
 
 
+@pytest.mark.unit
 def test_block_ids_are_equal_length() -> None:
     assert len({len(block_id(i)) for i in (0, 9, 10, 49_999)}) == 1
 
 
+@pytest.mark.unit
 def test_what_cannot_be_a_blob_is_skipped_and_named(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

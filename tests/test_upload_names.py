@@ -97,6 +97,7 @@ def test_a_single_non_utf8_file(azurite, container, tmp_path: Path) -> None:  # 
     assert blobs(container) == ["up/résumé.pdf"]
 
 
+@pytest.mark.unit
 def test_the_check_makes_no_request(tmp_path: Path) -> None:
     store = MemoryStore({})
     make(os.fsencode(tmp_path) + b"/src/\xff")
@@ -147,6 +148,7 @@ def test_download_of_a_blob_with_a_part_longer_than_255_bytes(
     assert not dest.exists()  # one listing page: checked before anything is written
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("name", "why"),
     [
@@ -163,5 +165,6 @@ def test_unsafe_names_say_why(name: str, why: str) -> None:
     assert str(info.value) == f"object name {'pre/' + name!r} cannot be a local path: {why}"
 
 
+@pytest.mark.unit
 def test_long_but_legal_names_download() -> None:
     assert safe_relative("a//" + "x" * 255) == "a/" + "x" * 255

@@ -1,10 +1,12 @@
-"""Every path form of DESIGN.md §1 parses into the right Location; malformed
+"""Every path form of docs/specs.md parses into the right Location; malformed
 ones raise UriError naming the input."""
 
 import pytest
 
 from datamount.errors import UriError
 from datamount.jobspec.uris import Location, LocationKind, parse
+
+pytestmark = pytest.mark.unit
 
 K = LocationKind
 

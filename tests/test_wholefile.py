@@ -27,6 +27,8 @@ from faults import FaultPlan, FaultyStore, forbidden
 from test_reader_fakes import GatedStore, object_id, source, wait_for
 from test_storage_http import QuietServer, Site, make_handler
 
+pytestmark = pytest.mark.unit
+
 RANGE = 4096
 OPTIONS = DownloadOptions(threads=4, range_size=RANGE, reserved_free_disk_space=0)
 FILES = {

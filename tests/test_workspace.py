@@ -11,6 +11,8 @@ from datamount.storage.credentials import CredentialKind
 from datamount.storage.location import StorageKind
 from datamount.workspace.datastores import Workspace, find_workspace, version_key
 
+pytestmark = pytest.mark.unit
+
 KEY = "c2VjcmV0LWtleS1mb3ItdGVzdHM="
 SAS = "sv=2024-05-04&ss=b&sig=AbCdEf%2Bsecret"
 ENV = {"AZ_KEY": KEY, "AZ_SAS": SAS}

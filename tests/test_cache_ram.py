@@ -13,6 +13,8 @@ from datamount.read.blocks import BlockKey, ObjectId
 from datamount.read.cache.ram import MemoryCache
 from datamount.read.stats import MountStats
 
+pytestmark = pytest.mark.unit
+
 
 def key(index: int, etag: str = "e1") -> BlockKey:
     return BlockKey(ObjectId("acct/c", "f.bin", etag, 1 << 30), index)

@@ -31,6 +31,8 @@ from datamount.errors import (
 )
 from datamount.storage.errormap import error_for_status, map_error, parse_retry_after, translate
 
+pytestmark = pytest.mark.unit
+
 SECRET_URL = "https://acct.blob.core.windows.net/c/b?sv=2021&sig=TOPSECRET%3D"
 
 

@@ -22,6 +22,8 @@ from datamount.read.reader import BlockReader
 from datamount.read.stats import MountStats
 from datamount.storage.memory import MemoryStore
 
+pytestmark = pytest.mark.unit
+
 NAMES = [f"f{i:03}" for i in range(100)]
 
 

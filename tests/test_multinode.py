@@ -28,6 +28,8 @@ from datamount.modes.download import Shard
 from faultproxy import FaultProxy, _Head
 from fuse_helpers import EXE, Mounts, tracked_mounts
 
+pytestmark = pytest.mark.azurite
+
 NODES = 4
 CLI_TIMEOUT = 60
 
@@ -213,6 +215,8 @@ with open(out, "a") as f:
 """
 
 
+@pytest.mark.slow
+@pytest.mark.fuse
 def test_4_mounted_nodes_read_once_and_a_killed_one_resumes(
     tmp_path: Path, accounts: dict, mounts: Mounts
 ) -> None:
@@ -270,6 +274,7 @@ def test_4_mounted_nodes_read_once_and_a_killed_one_resumes(
                            timeout=CLI_TIMEOUT)  # fmt: skip
 
 
+@pytest.mark.fuse
 def test_mounted_nodes_fail_over_mid_read_with_the_version_check(
     tmp_path: Path, accounts: dict, mounts: Mounts
 ) -> None:
