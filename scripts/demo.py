@@ -142,7 +142,8 @@ def main() -> int:
         titanic = workspace.resolve(spec.entry("titanic").location)
         head = open_store(titanic).read(titanic.key, 0, 33)
         print(f"  {titanic.uri()} first bytes: {head!r}")
-        # Each run writes under its own name, demo-train_<date>_<time>_<hex>/ (jobrun.run_name).
+        # Each run writes under its own name, demo-train_<date>_<time>_<hex>/
+        # (run_name in jobs/commandjob.py).
         outputs = [o.key for page in store.list_pages("demo-train_") for o in page.objects]
         print(f"  the job's outputs in storage: {outputs}")
         print(f"\nLogs: {workdir / 'cache' / 'logs'}")

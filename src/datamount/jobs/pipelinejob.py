@@ -1,6 +1,6 @@
 """Running a pipeline job's steps on this node.
 
-Each step is a `datamount run` of its command job (steps.py), in a child
+Each step is a `datamount run` of its command job (jobspec/steps.py), in a child
 process with its own working folder `<workdir>/<step>/` (its logs under
 `<workdir>/<step>/system_logs/`, its output lines also printed with a
 `[<step>]` prefix). Steps start in dependency order, at most `parallel` at

@@ -83,11 +83,11 @@ class DataInput(BaseModel):
     description: str | None = None
     identity: Identity | None = None
     asset_name: str | None = None  # outputs: register the result as this data asset
-    # inputs: where Azure ML uploads a local path on submission (spectable.upload_datastore)
+    # inputs: where Azure ML uploads a local path on submission (typemode.upload_datastore)
     datastore: str | None = None
     asset_version: str | None = None
     path_was_default: bool = Field(default=False, exclude=True)
-    replicas: tuple[str, ...] = ()  # an extension: copies of `path` (spectable.replica_locations)
+    replicas: tuple[str, ...] = ()  # an extension: copies of `path` (typemode.replica_locations)
     replica_locations: tuple[Location, ...] = Field(default=(), exclude=True)
 
 

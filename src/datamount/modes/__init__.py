@@ -1,4 +1,4 @@
-"""The mode table: every mode of the Azure ML table (spec.ALLOWED_MODES says
+"""The mode table: every mode of the Azure ML table (jobspec/typemode.py ALLOWED_MODES says
 which type and direction may use which) mapped to one handler with `prepare`
 (before the job: make the entry's data appear at a local path) and `finish`
 (after it: upload, unmount). `datamount mount` / `unmount`, `run` and the

@@ -1,7 +1,7 @@
 """The `upload` output mode, and asset registration for every output mode.
 
 prepare: the destination is resolved and reached (one listing request) before
-the job starts, then the folder is made empty and recorded (mount.outputs).
+the job starts, then the folder is made empty and recorded (modes/upload_records.py).
 finish (`unmount FOLDER`): upload what the job wrote, register the asset,
 empty the folder; a failed upload keeps both, so the unmount can run again.
 
