@@ -4,9 +4,8 @@
   one section per command and subcommand, its usage and its arguments.
 - docs/configuration.md from the `Settings` model (src/datamount/settings.py):
   one row per field, its alias (the environment variable), its default as the
-  runtime log prints it, the values it takes and its meaning. The meaning is the
-  field's `description=` when it has one, else the comment right above the field,
-  else (last resort) `FALLBACK` below; a field with none of them stops the run.
+  runtime log prints it, the values it takes and its meaning: the field's
+  `description=` (a field without one stops the run).
 - docs/benchmarks.md from the records in benchmarks/records/ (one JSON file per
   benchmark run, written by `_common.write_record`): the method, then the newest
   record of each benchmark.
@@ -215,41 +214,6 @@ def commands_page() -> str:
 
 # -- docs/configuration.md ------------------------------------------------------------
 
-# Last resort: the meaning of a field whose code has neither `description=` nor a
-# comment above it. Prefer adding one of those in settings.py (they win over this).
-FALLBACK: dict[str, str] = {
-    "downloader_threads": "Concurrent workers of a `download` or an `upload`, of whole-file "
-    "mode's downloads and of an rw_mount's uploads.",
-    "http_retry_count": "Retries of one storage request on a transient failure (connection "
-    "reset, timeout, 408, 429, 500, 502, 503, 504), with exponential backoff, full jitter "
-    "and `Retry-After`.",
-    "reserved_free_disk_space": "Disk space the runtime never uses: downloads, the disk "
-    "cache and rw_mount staging leave this much free.",
-    "prune_threshold": "The disk cache starts pruning least-recently-used entries when it "
-    "holds this fraction of its bound.",
-    "prune_target": "The disk cache prunes down to this fraction of its bound; at most the "
-    "threshold.",
-    "read_block_size": "Block size of a mount's reads in block mode.",
-    "read_buffer_block_count": "Blocks a sequential reader's prefetch window grows to, per "
-    "open file.",
-    "read_threads": "Workers that fetch a mount's blocks (reads someone waits for before "
-    "prefetch).",
-    "block_based_cache_enabled": "Block mode; false: whole-file mode (an open downloads "
-    "the whole file into the cache folder).",
-    "memory_cache_size": "RAM tier of a mount's block cache; 0 turns it off.",
-    "block_file_cache_enabled": "Disk tier of the block cache, under `<cache>/blocks/`.",
-    "block_file_cache_max_queue_size": "RAM of blocks waiting for the disk writers; when "
-    "it is full a block is not written to disk (reads never wait).",
-    "block_file_cache_write_threads": "Disk-writer threads of the disk tier.",
-    "unmount_timeout_seconds": "How long an unmount (the command, SIGTERM or SIGINT to a "
-    "daemon) waits for open files, and an rw_mount's uploads, before it forces the unmount.",
-    "metrics_host": "Address the metrics endpoint binds (`0.0.0.0` for a scraper in another pod).",
-    "cache_dir": "Cache folder: blocks, whole-file copies, staging, resume manifests, "
-    "mount state (`--cache-dir` wins).",
-    "log_dir": "Log folder (`--log-dir` wins).",
-    "log_level": "Level of the runtime log.",
-}
-
 # The values a field's type takes (its annotation in settings.py). A new type needs a
 # line here: the run stops naming it otherwise.
 VALUES: dict[str, str] = {
@@ -340,43 +304,29 @@ glibc's malloc arenas at 2 unless it is set; [design/memory](design/memory.md));
 """
 
 
-def _settings_source() -> tuple[dict[str, str], dict[str, str]]:
-    """Per field of `Settings`: the comment lines right above it (a `# -- section --`
-    line ends them) and its annotation's source text."""
+def _annotations() -> dict[str, str]:
+    """Per field of `Settings`: its annotation's source text."""
     from datamount import settings
 
     source = Path(settings.__file__).read_text()
-    lines = source.splitlines()
     cls = next(
         node
         for node in ast.parse(source).body
         if isinstance(node, ast.ClassDef) and node.name == "Settings"
     )
-    comments: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    for node in cls.body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        name = node.target.id
-        above: list[str] = []
-        i = node.lineno - 2
-        while i >= 0 and lines[i].strip().startswith("#"):
-            text = lines[i].strip().lstrip("#").strip()
-            if text.startswith("--"):
-                break
-            above.insert(0, text)
-            i -= 1
-        comments[name] = " ".join(above)
-        annotations[name] = ast.get_source_segment(source, node.annotation) or ""
-    return comments, annotations
+    return {
+        node.target.id: ast.get_source_segment(source, node.annotation) or ""
+        for node in cls.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
 
 
-def _meaning(name: str, field: Any, comments: dict[str, str]) -> str:
-    text = field.description or comments.get(name) or FALLBACK.get(name)
+def _meaning(name: str, field: Any) -> str:
+    text = field.description
     if not text:
         raise SystemExit(
-            f"gendocs: the setting {name} has no description: give it `description=` (or "
-            "a comment right above it) in src/datamount/settings.py"
+            f"gendocs: the setting {name} has no description: give it `description=` in "
+            "src/datamount/settings.py"
         )
     return _sentence(re.sub(r"(^|\. )None:", r"\1Unset:", text.strip()))
 
@@ -423,7 +373,7 @@ def configuration_page() -> str:
     from datamount import settings
     from datamount.errors import EXIT_INVALID
 
-    comments, annotations = _settings_source()
+    annotations = _annotations()
     defaults = _defaults()
     out = [
         "# Configuration\n",
@@ -434,7 +384,7 @@ def configuration_page() -> str:
     ]
     for name, field in settings.Settings.model_fields.items():
         variable = field.alias or name.upper()
-        meaning = _escape(_one_line(_meaning(name, field, comments)))
+        meaning = _escape(_one_line(_meaning(name, field)))
         if variable in MORE:
             meaning += f" [More]({MORE[variable]})."
         values = _escape(_values(name, annotations.get(name, "")))

@@ -285,61 +285,212 @@ class Settings(BaseModel):
     model_config = ConfigDict(populate_by_name=True, frozen=True, extra="ignore")
 
     downloader_threads: Threads = Field(
-        default_factory=lambda: _cores() * 4, alias="RSLEX_DOWNLOADER_THREADS"
+        default_factory=lambda: _cores() * 4,
+        alias="RSLEX_DOWNLOADER_THREADS",
+        description=(
+            "Concurrent workers of a `download` or an `upload`, of whole-file mode's "
+            "downloads and of an rw_mount's uploads."
+        ),
     )
-    http_retry_count: Count = Field(7, alias="AZUREML_DATASET_HTTP_RETRY_COUNT")
+    http_retry_count: Count = Field(
+        7,
+        alias="AZUREML_DATASET_HTTP_RETRY_COUNT",
+        description=(
+            "Retries of one storage request on a transient failure (connection reset, "
+            "timeout, 408, 429, 500, 502, 503, 504), with exponential backoff, full jitter "
+            "and `Retry-After`."
+        ),
+    )
     # None: attributes never expire (read-only mounts); rw mounts pick a finite TTL.
-    attribute_cache_ttl_ms: OptionalCount = Field(None, alias="DATASET_MOUNT_ATTRIBUTE_CACHE_TTL")
-    reserved_free_disk_space: Size = Field(150 * MB, alias="DATASET_RESERVED_FREE_DISK_SPACE")
-    # None: unlimited. Negative: leave that many bytes of the disk free. See cache_limit().
-    cache_size: OptionalSignedSize = Field(None, alias="DATASET_MOUNT_CACHE_SIZE")
-    prune_threshold: Fraction = Field(1.0, alias="DATASET_MOUNT_FILE_CACHE_PRUNE_THRESHOLD")
-    prune_target: Fraction = Field(0.7, alias="DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET")
-    read_block_size: BlockSize = Field(2 * MB, alias="DATASET_MOUNT_READ_BLOCK_SIZE")
-    read_buffer_block_count: Count = Field(32, alias="DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT")
-    read_threads: Threads = Field(
-        default_factory=lambda: _cores() * 4, alias="DATASET_MOUNT_READ_THREADS"
+    attribute_cache_ttl_ms: OptionalCount = Field(
+        None,
+        alias="DATASET_MOUNT_ATTRIBUTE_CACHE_TTL",
+        description=(
+            "Milliseconds a mount keeps a file's attributes before it asks storage again; "
+            "unset: they never expire on a read-only mount (an rw_mount picks a finite TTL)."
+        ),
     )
-    block_based_cache_enabled: Flag = Field(True, alias="DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED")
-    memory_cache_size: Size = Field(128 * MB, alias="DATASET_MOUNT_MEMORY_CACHE_SIZE")
-    block_file_cache_enabled: Flag = Field(True, alias="DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED")
+    reserved_free_disk_space: Size = Field(
+        150 * MB,
+        alias="DATASET_RESERVED_FREE_DISK_SPACE",
+        description=(
+            "Disk space the runtime never uses: downloads, the disk cache and rw_mount "
+            "staging leave this much free."
+        ),
+    )
+    # None: unlimited. Negative: leave that many bytes of the disk free. See cache_limit().
+    cache_size: OptionalSignedSize = Field(
+        None,
+        alias="DATASET_MOUNT_CACHE_SIZE",
+        description=(
+            "Bound of a mount's disk cache; unset: unlimited; negative: leave that many bytes"
+            " of the disk free."
+        ),
+    )
+    prune_threshold: Fraction = Field(
+        1.0,
+        alias="DATASET_MOUNT_FILE_CACHE_PRUNE_THRESHOLD",
+        description=(
+            "The disk cache starts pruning least-recently-used entries when it holds this "
+            "fraction of its bound."
+        ),
+    )
+    prune_target: Fraction = Field(
+        0.7,
+        alias="DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET",
+        description=(
+            "The disk cache prunes down to this fraction of its bound; at most the threshold."
+        ),
+    )
+    read_block_size: BlockSize = Field(
+        2 * MB,
+        alias="DATASET_MOUNT_READ_BLOCK_SIZE",
+        description=("Block size of a mount's reads in block mode."),
+    )
+    read_buffer_block_count: Count = Field(
+        32,
+        alias="DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT",
+        description=("Blocks a sequential reader's prefetch window grows to, per open file."),
+    )
+    read_threads: Threads = Field(
+        default_factory=lambda: _cores() * 4,
+        alias="DATASET_MOUNT_READ_THREADS",
+        description=(
+            "Workers that fetch a mount's blocks (reads someone waits for before prefetch)."
+        ),
+    )
+    block_based_cache_enabled: Flag = Field(
+        True,
+        alias="DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED",
+        description=(
+            "Block mode; false: whole-file mode (an open downloads the whole file into the "
+            "cache folder)."
+        ),
+    )
+    memory_cache_size: Size = Field(
+        128 * MB,
+        alias="DATASET_MOUNT_MEMORY_CACHE_SIZE",
+        description=("RAM tier of a mount's block cache; 0 turns it off."),
+    )
+    block_file_cache_enabled: Flag = Field(
+        True,
+        alias="DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED",
+        description=("Disk tier of the block cache, under `<cache>/blocks/`."),
+    )
     block_file_cache_max_queue_size: Size = Field(
-        512 * MB, alias="DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE"
+        512 * MB,
+        alias="DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE",
+        description=(
+            "RAM of blocks waiting for the disk writers; when it is full a block is not "
+            "written to disk (reads never wait)."
+        ),
     )
     block_file_cache_write_threads: Threads = Field(
-        default_factory=lambda: _cores() * 2, alias="DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS"
+        default_factory=lambda: _cores() * 2,
+        alias="DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS",
+        description=("Disk-writer threads of the disk tier."),
     )
-    unmount_timeout_seconds: Seconds = Field(30.0, alias="DATASET_UNMOUNT_TIMEOUT_SECONDS")
+    unmount_timeout_seconds: Seconds = Field(
+        30.0,
+        alias="DATASET_UNMOUNT_TIMEOUT_SECONDS",
+        description=(
+            "How long an unmount (the command, SIGTERM or SIGINT to a daemon) waits for open "
+            "files, and an rw_mount's uploads, before it forces the unmount."
+        ),
+    )
     # A storage read that receives no byte for this long is aborted and retried.
-    stall_timeout_seconds: Seconds = Field(30.0, alias="DATAMOUNT_STALL_TIMEOUT_SECONDS")
+    stall_timeout_seconds: Seconds = Field(
+        30.0,
+        alias="DATAMOUNT_STALL_TIMEOUT_SECONDS",
+        description=("A storage read that receives no byte for this long is aborted and retried."),
+    )
     # fsync every downloaded file before its rename (durable across a power loss);
     # false: the rename alone (atomic for a process crash), at page-cache speed.
-    download_fsync: Flag = Field(True, alias="DATAMOUNT_DOWNLOAD_FSYNC")
+    download_fsync: Flag = Field(
+        True,
+        alias="DATAMOUNT_DOWNLOAD_FSYNC",
+        description=(
+            "fsync every downloaded file before its rename (durable across a power loss); "
+            "false: the rename alone (atomic for a process crash), at page-cache speed."
+        ),
+    )
     # > 1: a download's small files are fetched by that many worker processes
     # (transfer.processlane), each with its own connection pool and GIL; 1: in-process.
-    download_processes: Threads = Field(1, alias="DATAMOUNT_DOWNLOAD_PROCESSES")
+    download_processes: Threads = Field(
+        1,
+        alias="DATAMOUNT_DOWNLOAD_PROCESSES",
+        description=(
+            "> 1: a download's small files are fetched by that many worker processes, each "
+            "with its own connection pool and GIL; 1: in-process."
+        ),
+    )
     # > 1: a ro_mount's block fetches (whole small files, blocks, runs of blocks)
     # are made by that many worker processes (read/fetchlane.py), each with its own
     # connection pool and GIL; 1: in the daemon.
-    mount_processes: Threads = Field(1, alias="DATAMOUNT_MOUNT_PROCESSES")
+    mount_processes: Threads = Field(
+        1,
+        alias="DATAMOUNT_MOUNT_PROCESSES",
+        description=(
+            "> 1: a ro_mount's block fetches (whole small files, blocks, runs of blocks) are "
+            "made by that many worker processes, each with its own connection pool and GIL; "
+            "1: in the daemon."
+        ),
+    )
 
     # -- operability (issue 13): Prometheus metrics of daemons and long transfers --
     # None: no metrics endpoint. 0: a free port (the daemon records its URL, see
     # `datamount status --json`). Binds DATAMOUNT_METRICS_HOST (loopback by default).
-    metrics_port: MetricsPort = Field(None, alias="DATAMOUNT_METRICS_PORT")
-    metrics_host: MetricsHost = Field("127.0.0.1", alias="DATAMOUNT_METRICS_HOST")
+    metrics_port: MetricsPort = Field(
+        None,
+        alias="DATAMOUNT_METRICS_PORT",
+        description=(
+            "Port of the Prometheus metrics endpoint; unset: none; 0: a free port (shown by "
+            "`datamount status --json`). It binds DATAMOUNT_METRICS_HOST."
+        ),
+    )
+    metrics_host: MetricsHost = Field(
+        "127.0.0.1",
+        alias="DATAMOUNT_METRICS_HOST",
+        description=(
+            "Address the metrics endpoint binds (`0.0.0.0` for a scraper in another pod)."
+        ),
+    )
 
     cache_dir: Path = Field(
-        default_factory=lambda: default_cache_dir({}), alias="DATAMOUNT_CACHE_DIR"
+        default_factory=lambda: default_cache_dir({}),
+        alias="DATAMOUNT_CACHE_DIR",
+        description=(
+            "Cache folder: blocks, whole-file copies, staging, resume manifests, mount state "
+            "(`--cache-dir` wins)."
+        ),
     )
-    log_dir: Path = Field(alias="DATAMOUNT_LOG_DIR")  # default <cache_dir>/logs, see below
+    log_dir: Path = Field(
+        alias="DATAMOUNT_LOG_DIR", description=("Log folder (`--log-dir` wins).")
+    )  # default <cache_dir>/logs, see below
     # None: the CLI uses ./configs/workspace.yaml
-    workspace: Path | None = Field(None, alias="DATAMOUNT_WORKSPACE")
-    log_level: LogLevel = Field("INFO", alias="DATAMOUNT_LOG_LEVEL")
+    workspace: Path | None = Field(
+        None,
+        alias="DATAMOUNT_WORKSPACE",
+        description=("The workspace file (`--workspace` wins); unset: ./configs/workspace.yaml."),
+    )
+    log_level: LogLevel = Field(
+        "INFO", alias="DATAMOUNT_LOG_LEVEL", description=("Level of the runtime log.")
+    )
     # CAs trusted for HTTPS beside the system store (storage.tls), as the Azure SDK reads it.
-    ca_bundle: CaBundle = Field(None, alias="REQUESTS_CA_BUNDLE")
+    ca_bundle: CaBundle = Field(
+        None,
+        alias="REQUESTS_CA_BUNDLE",
+        description=("CAs trusted for HTTPS beside the system store, as the Azure SDK reads it."),
+    )
     # A preset over the cache tiers (STORAGE_LEVELS); applied in _storage_level.
-    storage_level: str | None = Field(None, alias="DATAMOUNT_STORAGE_LEVEL")
+    storage_level: str | None = Field(
+        None,
+        alias="DATAMOUNT_STORAGE_LEVEL",
+        description=(
+            "A preset over the cache tiers: `memory` (a RAM tier of 1 GB, no disk tier), "
+            "`memory_disk` or `disk`; a tier setting given explicitly wins over the preset."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
