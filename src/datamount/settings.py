@@ -345,12 +345,12 @@ class Settings(BaseModel):
     read_block_size: BlockSize = Field(
         2 * MB,
         alias="DATASET_MOUNT_READ_BLOCK_SIZE",
-        description=("Block size of a mount's reads in block mode."),
+        description="Block size of a mount's reads in block mode.",
     )
     read_buffer_block_count: Count = Field(
         32,
         alias="DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT",
-        description=("Blocks a sequential reader's prefetch window grows to, per open file."),
+        description="Blocks a sequential reader's prefetch window grows to, per open file.",
     )
     read_threads: Threads = Field(
         default_factory=lambda: _cores() * 4,
@@ -370,12 +370,12 @@ class Settings(BaseModel):
     memory_cache_size: Size = Field(
         128 * MB,
         alias="DATASET_MOUNT_MEMORY_CACHE_SIZE",
-        description=("RAM tier of a mount's block cache; 0 turns it off."),
+        description="RAM tier of a mount's block cache; 0 turns it off.",
     )
     block_file_cache_enabled: Flag = Field(
         True,
         alias="DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED",
-        description=("Disk tier of the block cache, under `<cache>/blocks/`."),
+        description="Disk tier of the block cache, under `<cache>/blocks/`.",
     )
     block_file_cache_max_queue_size: Size = Field(
         512 * MB,
@@ -388,7 +388,7 @@ class Settings(BaseModel):
     block_file_cache_write_threads: Threads = Field(
         default_factory=lambda: _cores() * 2,
         alias="DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS",
-        description=("Disk-writer threads of the disk tier."),
+        description="Disk-writer threads of the disk tier.",
     )
     unmount_timeout_seconds: Seconds = Field(
         30.0,
@@ -402,7 +402,7 @@ class Settings(BaseModel):
     stall_timeout_seconds: Seconds = Field(
         30.0,
         alias="DATAMOUNT_STALL_TIMEOUT_SECONDS",
-        description=("A storage read that receives no byte for this long is aborted and retried."),
+        description="A storage read that receives no byte for this long is aborted and retried.",
     )
     # fsync every downloaded file before its rename (durable across a power loss);
     # false: the rename alone (atomic for a process crash), at page-cache speed.
@@ -471,7 +471,7 @@ class Settings(BaseModel):
     workspace: Path | None = Field(
         None,
         alias="DATAMOUNT_WORKSPACE",
-        description=("The workspace file (`--workspace` wins); unset: ./configs/workspace.yaml."),
+        description="The workspace file (`--workspace` wins); unset: ./configs/workspace.yaml.",
     )
     log_level: LogLevel = Field(
         "INFO", alias="DATAMOUNT_LOG_LEVEL", description=("Level of the runtime log.")
@@ -480,7 +480,7 @@ class Settings(BaseModel):
     ca_bundle: CaBundle = Field(
         None,
         alias="REQUESTS_CA_BUNDLE",
-        description=("CAs trusted for HTTPS beside the system store, as the Azure SDK reads it."),
+        description="CAs trusted for HTTPS beside the system store, as the Azure SDK reads it.",
     )
     # A preset over the cache tiers (STORAGE_LEVELS); applied in _storage_level.
     storage_level: str | None = Field(

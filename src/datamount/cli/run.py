@@ -47,17 +47,11 @@ def run(args: argparse.Namespace) -> int:
         env = {**os.environ, **spec.environment_variables}
         settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
         commandjob.check(Context(settings, env, Path.cwd(), args.workspace, run_name), spec)
+        ctx, workdir = _in_workdir(args, run_name, env)
     except DatamountError as exc:
         return fail(exc)
+    settings = ctx.settings
     temporary = args.workdir is None
-    try:
-        workdir, settings = environment.workdir_settings(
-            args.workdir, run_name, env, args.cache_dir, args.log_dir
-        )
-    except DatamountError as exc:
-        return fail(exc)
-    start_logging(settings, "run")
-    ctx = Context(settings, env, Path.cwd(), args.workspace, run_name)
     say = environment.say
 
     def body() -> int:
@@ -84,17 +78,11 @@ def run_pipeline(args: argparse.Namespace) -> int:
         settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
         ctx = Context(settings, env, Path.cwd(), args.workspace, run)
         pipeline, jobs = assets.prepare_run(ctx, path)
+        ctx, workdir = _in_workdir(args, run, env)
     except DatamountError as exc:
         return fail(exc)
+    settings = ctx.settings
     temporary = args.workdir is None
-    try:
-        workdir, settings = environment.workdir_settings(
-            args.workdir, run, env, args.cache_dir, args.log_dir
-        )
-    except DatamountError as exc:
-        return fail(exc)
-    start_logging(settings, "run")
-    ctx = Context(settings, env, Path.cwd(), args.workspace, run)
     argv = [sys.executable, "-m", "datamount.cli.main"]
     if ctx.workspace_path().is_file():
         argv += ["--workspace", str(ctx.workspace_path().resolve())]
@@ -109,6 +97,18 @@ def run_pipeline(args: argparse.Namespace) -> int:
         if code != EXIT_OK:
             say(f"step logs kept in {workdir}/<step>/system_logs")
     return code
+
+
+def _in_workdir(
+    args: argparse.Namespace, run_name: str, env: dict[str, str]
+) -> tuple[Context, Path]:
+    """The run's working folder and the context of a run in it, its logs
+    started there. DatamountError (a bad folder or setting): nothing started."""
+    workdir, settings = environment.workdir_settings(
+        args.workdir, run_name, env, args.cache_dir, args.log_dir
+    )
+    start_logging(settings, "run")
+    return Context(settings, env, Path.cwd(), args.workspace, run_name), workdir
 
 
 def _parallel(env: dict[str, str]) -> int:
