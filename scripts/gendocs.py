@@ -217,14 +217,18 @@ def commands_page() -> str:
 # The values a field's type takes (its annotation in settings.py). A new type needs a
 # line here: the run stops naming it otherwise.
 VALUES: dict[str, str] = {
-    "Threads": "integer ≥ 1",
-    "Count": "integer ≥ 0",
-    "OptionalCount": "integer ≥ 0",
-    "Size": "size ≥ 0",
+    "Threads": "integer",
+    "Processes": "integer",
+    "Retries": "integer",
+    "BlockCount": "integer",
+    "OptionalTtl": "integer",
+    "OptionalId": "integer (a uid or gid)",
+    "OptionalMode": "octal mode",
+    "Size": "size",
     "OptionalSignedSize": "size; negative allowed",
-    "BlockSize": "size ≥ 4KB",
+    "BlockSize": "size",
     "Fraction": "fraction in (0, 1]",
-    "Seconds": "number ≥ 0",
+    "Seconds": "number",
     "Flag": "boolean",
     "MetricsPort": "TCP port, 0–65535",
     "MetricsHost": "host name or IP address",
@@ -232,6 +236,8 @@ VALUES: dict[str, str] = {
     "Path": "path",
     "Path | None": "path",
 }
+# Sizes held in RAM are also checked against the machine's memory (Settings._fits_memory).
+IN_RAM = {"memory_cache_size", "block_file_cache_max_queue_size", "read_buffer_block_count"}
 UNITS = {"_ms": " (milliseconds)", "_seconds": " (seconds)"}
 
 # Where a variable is explained in prose (alias -> link).
@@ -264,6 +270,13 @@ MORE: dict[str, str] = {
     "DATAMOUNT_LOG_LEVEL": "production.md#logs",
     "REQUESTS_CA_BUNDLE": "storage.md#trust",
     "DATAMOUNT_STORAGE_LEVEL": "training.md#storage-levels",
+    "DATAMOUNT_RETRY_MIN_SECONDS": "storage.md#retries",
+    "DATAMOUNT_MOUNT_ALLOW_OTHER": "production.md#access",
+    "DATAMOUNT_MOUNT_UID": "production.md#access",
+    "DATAMOUNT_MOUNT_GID": "production.md#access",
+    "DATAMOUNT_MOUNT_FILE_MODE": "production.md#access",
+    "DATAMOUNT_MOUNT_DIR_MODE": "production.md#access",
+    "DATAMOUNT_MOUNT_MAX_RESTARTS": "production.md#a-daemon-that-dies",
 }
 
 CONFIGURATION_INTRO = """\
@@ -281,7 +294,10 @@ every variable.
 - An **empty** variable counts as unset.
 - A **bad value** stops the command before it starts anything, with one line
   per bad variable naming it and its value, and exit code {exit_invalid}, e.g.
-  `datamount: error: DATASET_MOUNT_READ_THREADS='0': must be >= 1`.
+  `datamount: error: DATASET_MOUNT_READ_THREADS='0': must be from 1 to 4096`.
+  Every number has a range (the values column): its upper bound follows from
+  the machine (threads, processes, sizes held in RAM) or from what a block of
+  storage is worth holding in one GET (256MB).
   `DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET` may not exceed
   `DATASET_MOUNT_FILE_CACHE_PRUNE_THRESHOLD`.
 - **Cores** below means `os.cpu_count()` of the machine.
@@ -345,7 +361,15 @@ def _values(name: str, annotation: str) -> str:
             "scripts/gendocs.py does not describe yet: add it"
         )
     unit = next((u for suffix, u in UNITS.items() if name.endswith(suffix)), "")
-    return VALUES[annotation] + unit
+    text = VALUES[annotation]
+    bounds = settings.field_range(settings.Settings.model_fields[name])
+    if bounds is not None:
+        text += f", {bounds.text()}"
+    if name in IN_RAM:
+        text += ", within the machine's memory" + (
+            " (× the block size)" if name == "read_buffer_block_count" else ""
+        )
+    return text + unit
 
 
 def _defaults() -> dict[str, str]:

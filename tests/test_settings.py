@@ -215,12 +215,12 @@ def test_cache_limit_honours_size_and_reserved_space() -> None:
     ("name", "value", "why"),
     [
         ("RSLEX_DOWNLOADER_THREADS", "many", "not an integer"),
-        ("RSLEX_DOWNLOADER_THREADS", "0", ">= 1"),
-        ("AZUREML_DATASET_HTTP_RETRY_COUNT", "-1", "negative"),
+        ("RSLEX_DOWNLOADER_THREADS", "0", "must be from 1 to 4096"),
+        ("AZUREML_DATASET_HTTP_RETRY_COUNT", "-1", "must be from 0 to 100"),
         ("AZUREML_DATASET_HTTP_RETRY_COUNT", "3.5", "not an integer"),
         ("DATASET_MOUNT_ATTRIBUTE_CACHE_TTL", "soon", "not an integer"),
-        ("DATASET_MOUNT_ATTRIBUTE_CACHE_TTL", "-5", "negative"),
-        ("DATASET_RESERVED_FREE_DISK_SPACE", "-1MB", "negative"),
+        ("DATASET_MOUNT_ATTRIBUTE_CACHE_TTL", "-5", "must be from 0 to"),
+        ("DATASET_RESERVED_FREE_DISK_SPACE", "-1MB", "must be from 0 to 1024TB"),
         ("DATASET_RESERVED_FREE_DISK_SPACE", "lots", "not a size"),
         ("DATASET_MOUNT_CACHE_SIZE", "big", "not a size"),
         ("DATASET_MOUNT_FILE_CACHE_PRUNE_THRESHOLD", "1.5", "(0, 1]"),
@@ -228,17 +228,29 @@ def test_cache_limit_honours_size_and_reserved_space() -> None:
         ("DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET", "x", "not a number"),
         ("DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET", "-0.1", "(0, 1]"),
         ("DATASET_MOUNT_READ_BLOCK_SIZE", "abc", "not a size (use bytes or a KB/MB/GB suffix)"),
-        ("DATASET_MOUNT_READ_BLOCK_SIZE", "1KB", "at least 4KB"),
-        ("DATASET_MOUNT_READ_BLOCK_SIZE", "-2MB", "at least 4KB"),
-        ("DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT", "-1", "negative"),
-        ("DATASET_MOUNT_READ_THREADS", "0", ">= 1"),
+        ("DATASET_MOUNT_READ_BLOCK_SIZE", "1KB", "must be from 4KB to 256MB"),
+        ("DATASET_MOUNT_READ_BLOCK_SIZE", "-2MB", "must be from 4KB to 256MB"),
+        ("DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT", "-1", "must be from 0 to 4096"),
+        ("DATASET_MOUNT_READ_THREADS", "0", "must be from 1 to 4096"),
         ("DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED", "maybe", "not a boolean"),
-        ("DATASET_MOUNT_MEMORY_CACHE_SIZE", "-128MB", "negative"),
+        ("DATASET_MOUNT_MEMORY_CACHE_SIZE", "-128MB", "must be from 0 to"),
         ("DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED", "2", "not a boolean"),
         ("DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE", "1ZB", "not a size"),
-        ("DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS", "-2", ">= 1"),
-        ("DATASET_UNMOUNT_TIMEOUT_SECONDS", "-1", "negative"),
+        ("DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS", "-2", "must be from 1 to 4096"),
+        ("DATASET_UNMOUNT_TIMEOUT_SECONDS", "-1", "must be from 0 to 86400"),
         ("DATASET_UNMOUNT_TIMEOUT_SECONDS", "nan", "not a number"),
+        ("RSLEX_DOWNLOADER_THREADS", "100000000000", "must be from 1 to 4096"),
+        ("DATASET_MOUNT_READ_BLOCK_SIZE", "4096GB", "must be from 4KB to 256MB"),
+        ("DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT", "99999999999", "must be from 0 to 4096"),
+        ("DATASET_MOUNT_CACHE_SIZE", "-2000TB", "must be from -1024TB to 1024TB"),
+        ("DATAMOUNT_DOWNLOAD_PROCESSES", "1000", "must be from 1 to 256"),
+        ("DATAMOUNT_RETRY_MIN_SECONDS", "1e9", "must be from 0 to 86400"),
+        ("DATAMOUNT_MOUNT_UID", "-1", "must be from 0 to 4294967294"),
+        ("DATAMOUNT_MOUNT_GID", "root", "not an integer"),
+        ("DATAMOUNT_MOUNT_FILE_MODE", "0999", "not a mode (octal permission bits, e.g. 0440)"),
+        ("DATAMOUNT_MOUNT_DIR_MODE", "1777", "must be from 0000 to 0777"),
+        ("DATAMOUNT_MOUNT_ALLOW_OTHER", "everyone", "not a boolean"),
+        ("DATAMOUNT_MOUNT_MAX_RESTARTS", "1000", "must be from 0 to 100"),
         ("DATAMOUNT_LOG_LEVEL", "loud", "not a log level"),
     ],
 )
@@ -335,3 +347,99 @@ def test_describe_masks_fields_that_look_secret() -> None:
     lines = WithSecret.from_env({}).describe()
     assert any(line.endswith("=***") for line in lines)
     assert not any("hunter2" in line for line in lines)
+
+
+def test_modes_are_octal_and_logged_in_octal() -> None:
+    settings = from_env({"DATAMOUNT_MOUNT_FILE_MODE": "440", "DATAMOUNT_MOUNT_DIR_MODE": "0o750"})
+    assert (settings.mount_file_mode, settings.mount_dir_mode) == (0o440, 0o750)
+    lines = settings.describe()
+    assert "DATAMOUNT_MOUNT_FILE_MODE=0440" in lines
+    assert "DATAMOUNT_MOUNT_DIR_MODE=0750" in lines
+
+
+def test_sizes_held_in_ram_must_fit_the_machines_memory() -> None:
+    env = {
+        "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT": "4000",
+        "DATASET_MOUNT_READ_BLOCK_SIZE": "256MB",
+    }
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env(env, cpu_count=CORES, memory_bytes=8 * GB)
+    assert info.value.problems == [
+        "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT x DATASET_MOUNT_READ_BLOCK_SIZE=1000GB: "
+        "must not exceed this machine's memory (8.0GB)"
+    ]
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"DATASET_MOUNT_MEMORY_CACHE_SIZE": "9GB"}, memory_bytes=8 * GB)
+    assert info.value.problems == [
+        "DATASET_MOUNT_MEMORY_CACHE_SIZE=9GB: must not exceed this machine's memory (8.0GB)"
+    ]
+    assert Settings.from_env(env, memory_bytes=0).read_buffer_block_count == 4000
+
+
+_HOSTILE = st.one_of(
+    st.sampled_from(
+        [
+            "0",
+            "-1",
+            "1e400",
+            "nan",
+            "inf",
+            "-inf",
+            "99999999999999999999",
+            "1.5",
+            "0x10",
+            "4096GB",
+            "-4096TB",
+            "1ZB",
+            "\x00",
+            "\u00e9\u00e9",
+            "yes please",
+            " ",
+            "1 2",
+            "0o777",
+        ]
+    ),
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.text(max_size=12),
+)
+_NUMERIC = [
+    name
+    for name, field in Settings.model_fields.items()
+    if name not in {"cache_dir", "log_dir", "workspace", "ca_bundle", "metrics_host"}
+]
+
+
+@given(name=st.sampled_from(_NUMERIC), value=_HOSTILE)
+def test_every_setting_refuses_hostile_values_in_one_line_or_keeps_them_in_range(
+    name: str, value: str
+) -> None:
+    """Huge, negative, zero, float and garbage values: a SettingsError of one line
+    naming the variable, or a value within the field's documented range."""
+    from datamount.settings import field_range
+
+    variable = Settings.env_names()[name]
+    try:
+        settings = Settings.from_env({variable: value}, cpu_count=CORES, memory_bytes=8 * GB)
+    except SettingsError as exc:
+        assert len(exc.problems) == 1
+        assert "\n" not in exc.problems[0]
+        assert variable in exc.problems[0]
+        return
+    bounds = field_range(Settings.model_fields[name])
+    actual = getattr(settings, name)
+    if bounds is not None and actual is not None:
+        assert bounds.low <= actual <= bounds.high
+
+
+def test_every_numeric_setting_has_an_upper_bound() -> None:
+    from datamount.settings import field_range
+
+    unbounded = [
+        name
+        for name, field in Settings.model_fields.items()
+        if field.annotation in (int, float, int | None, float | None)
+        and field_range(field) is None
+        and name not in {"prune_threshold", "prune_target", "metrics_port"}
+    ]
+    assert unbounded == []

@@ -20,6 +20,7 @@ import os
 import re
 import ssl
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
@@ -31,6 +32,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -123,13 +125,42 @@ _TO_FLOAT = _parser(_finite, "not a number")
 _TO_BOOL = _parser(parse_bool, "not a boolean (use true/false, 1/0 or yes/no)")
 
 
-def _at_least(low: float, what: str) -> AfterValidator:
-    def check(value: Any) -> Any:
-        if value is not None and value < low:
-            raise _error(what)
+def _mode(text: str) -> int:
+    """'0440', '440', '0o440' -> 0o440: permission bits are written in octal."""
+    digits = text.lower().removeprefix("0o")
+    if not digits or any(c not in "01234567" for c in digits):
+        raise ValueError(text)
+    return int(digits, 8)
+
+
+_TO_MODE = _parser(_mode, "not a mode (octal permission bits, e.g. 0440)")
+
+
+@dataclass(frozen=True)
+class Range:
+    """An after-validator: the value lies in [low, high]. `show` writes a bound
+    the way the variable is written (a size as '256MB', a mode in octal); the
+    settings page lists `text()`."""
+
+    low: float
+    high: float
+    show: Callable[[Any], str] = str
+
+    def __call__(self, value: Any) -> Any:
+        if value is not None and not self.low <= value <= self.high:
+            raise _error(f"must be from {self.text()}")
         return value
 
-    return AfterValidator(check)
+    def text(self) -> str:
+        return f"{self.show(self.low)} to {self.show(self.high)}"
+
+
+def _octal(value: Any) -> str:
+    return f"{int(value):04o}"
+
+
+def _seconds(value: Any) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def _fraction(value: float) -> float:
@@ -145,20 +176,59 @@ def _log_level(text: str) -> str:
     return name
 
 
-_NON_NEGATIVE = _at_least(0, "must not be negative")
-Size = Annotated[int, _TO_SIZE, _NON_NEGATIVE]
-Count = Annotated[int, _TO_INT, _NON_NEGATIVE]
-Threads = Annotated[int, _TO_INT, _at_least(1, "must be >= 1")]
-Seconds = Annotated[float, _TO_FLOAT, _NON_NEGATIVE]
+# Upper bounds. Threads: a few thousand (each holds a stack and a connection;
+# past that the kernel's and the storage account's limits come first).
+# Processes: one per core of the largest nodes. Sizes: 1024TB (1 PiB, larger
+# than any disk a node mounts). A block: 256MB, 64 x Azure ML's 4MB GET
+# chunk: one block is one GET held in RAM. Seconds: one day. Sizes held in RAM
+# (the RAM tier, the disk queue, the prefetch window) are also checked
+# against the machine's memory, see Settings._fits_memory.
+MAX_THREADS = 4096
+MAX_PROCESSES = 256
+MAX_RETRIES = 100
+MAX_BLOCK_COUNT = 4096
+MAX_SIZE = 1024 * TB
+MAX_BLOCK_SIZE = 256 * MB
+MAX_SECONDS = 86400.0
+MAX_TTL_MS = 365 * 86400 * 1000
+MAX_ID = 2**32 - 2  # (uid_t)-1 means "unchanged" to chown
+
+Size = Annotated[int, _TO_SIZE, AfterValidator(Range(0, MAX_SIZE, format_size))]
+SignedSize = Annotated[int, _TO_SIZE, AfterValidator(Range(-MAX_SIZE, MAX_SIZE, format_size))]
+Threads = Annotated[int, _TO_INT, AfterValidator(Range(1, MAX_THREADS))]
+Processes = Annotated[int, _TO_INT, AfterValidator(Range(1, MAX_PROCESSES))]
+Retries = Annotated[int, _TO_INT, AfterValidator(Range(0, MAX_RETRIES))]
+BlockCount = Annotated[int, _TO_INT, AfterValidator(Range(0, MAX_BLOCK_COUNT))]
+Seconds = Annotated[float, _TO_FLOAT, AfterValidator(Range(0, MAX_SECONDS, _seconds))]
 Fraction = Annotated[float, _TO_FLOAT, AfterValidator(_fraction)]
 Flag = Annotated[bool, _TO_BOOL]
 # Optional values: validators wrap the whole union, so a bad value is one error, not one per branch.
-OptionalCount = Annotated[int | None, _TO_INT, _NON_NEGATIVE]
-OptionalSignedSize = Annotated[int | None, _TO_SIZE]
+OptionalTtl = Annotated[int | None, _TO_INT, AfterValidator(Range(0, MAX_TTL_MS))]
+OptionalSignedSize = Annotated[
+    int | None, _TO_SIZE, AfterValidator(Range(-MAX_SIZE, MAX_SIZE, format_size))
+]
+OptionalId = Annotated[int | None, _TO_INT, AfterValidator(Range(0, MAX_ID))]
+OptionalMode = Annotated[int | None, _TO_MODE, AfterValidator(Range(0, 0o777, _octal))]
 LogLevel = Annotated[
     str, _parser(_log_level, f"not a log level (use one of {', '.join(_LOG_LEVELS)})")
 ]
-BlockSize = Annotated[int, _TO_SIZE, _at_least(4 * KB, "must be at least 4KB")]
+BlockSize = Annotated[int, _TO_SIZE, AfterValidator(Range(4 * KB, MAX_BLOCK_SIZE, format_size))]
+
+
+def field_range(field: Any) -> Range | None:
+    """The Range a Settings field is checked against, if any (for the settings page)."""
+    for meta in field.metadata:
+        if isinstance(getattr(meta, "func", None), Range):
+            return meta.func
+    return None
+
+
+def machine_memory() -> int:
+    """Physical memory of the machine in bytes (0 when unknown)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
 
 
 # --- storage levels: DATAMOUNT_STORAGE_LEVEL presets over the cache tiers -----------
@@ -292,7 +362,7 @@ class Settings(BaseModel):
             "downloads and of an rw_mount's uploads."
         ),
     )
-    http_retry_count: Count = Field(
+    http_retry_count: Retries = Field(
         7,
         alias="AZUREML_DATASET_HTTP_RETRY_COUNT",
         description=(
@@ -302,7 +372,7 @@ class Settings(BaseModel):
         ),
     )
     # None: attributes never expire (read-only mounts); rw mounts pick a finite TTL.
-    attribute_cache_ttl_ms: OptionalCount = Field(
+    attribute_cache_ttl_ms: OptionalTtl = Field(
         None,
         alias="DATASET_MOUNT_ATTRIBUTE_CACHE_TTL",
         description=(
@@ -347,7 +417,7 @@ class Settings(BaseModel):
         alias="DATASET_MOUNT_READ_BLOCK_SIZE",
         description="Block size of a mount's reads in block mode.",
     )
-    read_buffer_block_count: Count = Field(
+    read_buffer_block_count: BlockCount = Field(
         32,
         alias="DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT",
         description="Blocks a sequential reader's prefetch window grows to, per open file.",
@@ -416,7 +486,7 @@ class Settings(BaseModel):
     )
     # > 1: a download's small files are fetched by that many worker processes
     # (transfer.processlane), each with its own connection pool and GIL; 1: in-process.
-    download_processes: Threads = Field(
+    download_processes: Processes = Field(
         1,
         alias="DATAMOUNT_DOWNLOAD_PROCESSES",
         description=(
@@ -427,13 +497,70 @@ class Settings(BaseModel):
     # > 1: a ro_mount's block fetches (whole small files, blocks, runs of blocks)
     # are made by that many worker processes (read/fetchlane.py), each with its own
     # connection pool and GIL; 1: in the daemon.
-    mount_processes: Threads = Field(
+    mount_processes: Processes = Field(
         1,
         alias="DATAMOUNT_MOUNT_PROCESSES",
         description=(
             "> 1: a ro_mount's block fetches (whole small files, blocks, runs of blocks) are "
             "made by that many worker processes, each with its own connection pool and GIL; "
             "1: in the daemon."
+        ),
+    )
+
+    # Retries ride out an outage of at least this long (storage.retry).
+    retry_min_seconds: Seconds = Field(
+        60.0,
+        alias="DATAMOUNT_RETRY_MIN_SECONDS",
+        description=(
+            "A transient storage failure is retried until at least this many seconds have "
+            "passed, and at least AZUREML_DATASET_HTTP_RETRY_COUNT times, whichever is "
+            "later; 0 with a retry count of 1 fails fast."
+        ),
+    )
+    # -- access to a mount (the peers' allow-other, uid, gid, file-mode, dir-mode) --
+    mount_allow_other: Flag = Field(
+        False,
+        alias="DATAMOUNT_MOUNT_ALLOW_OTHER",
+        description=(
+            "Open a mount to other users (FUSE `allow_other`, always with "
+            "`default_permissions`: the kernel enforces the owner and modes); false: only "
+            "the user who mounted it."
+        ),
+    )
+    mount_uid: OptionalId = Field(
+        None,
+        alias="DATAMOUNT_MOUNT_UID",
+        description="Owner of a mount's files and folders; unset: the user who mounted it.",
+    )
+    mount_gid: OptionalId = Field(
+        None,
+        alias="DATAMOUNT_MOUNT_GID",
+        description=(
+            "Group of a mount's files and folders; unset: the group of the user who mounted it."
+        ),
+    )
+    mount_file_mode: OptionalMode = Field(
+        None,
+        alias="DATAMOUNT_MOUNT_FILE_MODE",
+        description=(
+            "Permission bits of a mount's files, in octal; unset: 0444 on a read-only mount, "
+            "0644 on an rw_mount."
+        ),
+    )
+    mount_dir_mode: OptionalMode = Field(
+        None,
+        alias="DATAMOUNT_MOUNT_DIR_MODE",
+        description=(
+            "Permission bits of a mount's folders, in octal; unset: 0555 on a read-only "
+            "mount, 0755 on an rw_mount."
+        ),
+    )
+    mount_max_restarts: Retries = Field(
+        5,
+        alias="DATAMOUNT_MOUNT_MAX_RESTARTS",
+        description=(
+            "Times a mount whose daemon died is mounted again in place, with the same plan "
+            "and cache folder, before it is given up; 0: a dead daemon's mount stays stale."
         ),
     )
 
@@ -515,16 +642,43 @@ class Settings(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _fits_memory(self, info: ValidationInfo) -> Settings:
+        """Sizes held in RAM fit the machine's memory (from_env's `memory_bytes`)."""
+        memory = (info.context or {}).get("memory_bytes", 0)
+        if not memory:
+            return self
+        window = self.read_buffer_block_count * self.read_block_size
+        held = {
+            "DATASET_MOUNT_MEMORY_CACHE_SIZE": self.memory_cache_size,
+            "DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE": self.block_file_cache_max_queue_size,
+            "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT x DATASET_MOUNT_READ_BLOCK_SIZE": window,
+        }
+        for name, size in held.items():
+            if size > memory:
+                raise _error(
+                    f"{name}={format_size(size)}: must not exceed this machine's memory "
+                    f"({memory / GB:.1f}GB)"
+                )
+        return self
+
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str], *, cpu_count: int | None = None, **overrides: Any
+        cls,
+        environ: Mapping[str, str],
+        *,
+        cpu_count: int | None = None,
+        memory_bytes: int | None = None,
+        **overrides: Any,
     ) -> Settings:
         """Read the known variables from `environ` (others are ignored).
 
         `cpu_count` fixes the cores the thread defaults scale with (default:
-        os.cpu_count()). `overrides` are field names (e.g. cache_dir from a CLI
-        flag) and win over the environment; an override of None is ignored so
-        the CLI can pass its optional flags straight through.
+        os.cpu_count()); `memory_bytes` the memory the sizes held in RAM must
+        fit (default: the machine's; 0: unchecked). `overrides` are field names
+        (e.g. cache_dir from a CLI flag) and win over the environment; an
+        override of None is ignored so the CLI can pass its optional flags
+        straight through.
         """
         cores = cpu_count if cpu_count is not None else _cores()
         if cores < 1:
@@ -549,7 +703,8 @@ class Settings(BaseModel):
                 data.pop(names[name], None)
                 data[name] = value
         try:
-            return cls(**data)
+            memory = machine_memory() if memory_bytes is None else memory_bytes
+            return cls.model_validate(data, context={"memory_bytes": memory})
         except ValidationError as exc:
             raise SettingsError(_problems(exc, data, names)) from None
 
@@ -582,13 +737,13 @@ class Settings(BaseModel):
             if any(word in f"{name} {env_name}".lower() for word in _SECRET_WORDS):
                 shown = MASK
             elif value is None:
-                shown = {"cache_size": "unlimited", "attribute_cache_ttl_ms": "never"}.get(
-                    name, "unset"
-                )
+                shown = _UNSET.get(name, "unset")
             elif isinstance(value, float) and value.is_integer():
                 shown = str(int(value))
             elif isinstance(value, bool):
                 shown = str(value).lower()
+            elif name in _MODE_FIELDS:
+                shown = _octal(value)
             elif name in _SIZE_FIELDS:
                 shown = format_size(value)
             else:
@@ -600,6 +755,17 @@ class Settings(BaseModel):
 _SIZE_FIELDS = frozenset(
     name for name, field in Settings.model_fields.items() if _TO_SIZE in field.metadata
 )
+_MODE_FIELDS = frozenset(
+    name for name, field in Settings.model_fields.items() if _TO_MODE in field.metadata
+)
+_UNSET = {
+    "cache_size": "unlimited",
+    "attribute_cache_ttl_ms": "never",
+    "mount_uid": "the mounting user",
+    "mount_gid": "the mounting user's group",
+    "mount_file_mode": "0444 (rw_mount 0644)",
+    "mount_dir_mode": "0555 (rw_mount 0755)",
+}
 
 
 def _problems(
