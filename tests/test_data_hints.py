@@ -93,3 +93,20 @@ def test_datasets_hint_their_order_to_the_mount(
     stats = mounts.stats("input", mp)["cache"]
     assert stats["hinted_files"] == 12 + 3  # one epoch of the records, then the 3 files
     assert stats["files_prefetch_used"] >= 1
+
+
+@pytest.mark.unit
+def test_the_daemon_side_never_imports_torch() -> None:
+    """datamount.data subclasses torch's datasets when torch is installed, so
+    importing it imports torch (~1 s, hundreds of MB): the daemon and the CLI
+    reach the hint socket's path through datamount.mountinfo instead."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, datamount.cli.main, datamount.mount.daemon, datamount.mount.serve, "
+        "datamount.mount.hintsocket; print(sorted(m for m in sys.modules if m == 'torch' "
+        "or m == 'datamount.data' or m.startswith('datamount.data.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

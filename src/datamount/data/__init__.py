@@ -15,8 +15,9 @@ Public API (the rest of the package is internal):
   (relative to `root`) this process reads next, in order (data/hints.py);
   False and nothing sent outside a mount.
 
-Importing this package never imports torch; `RecordDataset` and `RowDataset`
-(pyarrow, the MLTable readers) load on first use.
+Importing this package imports torch only where torch is installed (the
+datasets subclass torch's then, data/torchbase.py); `RecordDataset` and
+`RowDataset` (pyarrow, the MLTable readers) load on first use.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ not answer: hints only speed reads up. No threads.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -27,19 +26,11 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-from datamount.mountinfo import FSTYPE, split_lines, unescape
+from datamount.mountinfo import FSTYPE, hint_socket, split_lines, unescape
 
 log = logging.getLogger("datamount.hints")
 
 SEND_TIMEOUT = 2.0  # seconds: a daemon that does not answer by then is skipped
-
-
-def hint_socket(mountpoint: str | os.PathLike[str], uid: int | None = None) -> Path:
-    """Where the daemon of `mountpoint` listens for hints."""
-    key = os.path.normpath(os.path.abspath(mountpoint))
-    digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    user = os.geteuid() if uid is None else uid
-    return Path(f"/tmp/datamount-{user}") / f"{digest}.sock"
 
 
 def datamount_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[tuple[str, int]]:

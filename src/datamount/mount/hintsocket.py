@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from datamount.data.hints import hint_socket
+from datamount.mountinfo import hint_socket
 
 log = logging.getLogger("datamount.hints")
 
