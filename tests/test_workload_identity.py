@@ -29,13 +29,16 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
+import yaml
 from azure.storage.blob import ContainerClient
 
 from azurite import TENANT, Azurite, _b64url, bearer_token, free_port
 from datamount.errors import AccessDenied
+from datamount.settings import Settings
 from datamount.storage.azure_auth import (
     FederatedToken,
     WorkloadIdentity,
@@ -415,3 +418,72 @@ def test_an_unreadable_token_file_or_a_refusing_endpoint_is_one_line_exit_3(
     assert out.stderr.endswith(": workload_identity: AZURE_FEDERATED_TOKEN_FILE is set but "
                                "AZURE_TENANT_ID is not\n"), out.stderr  # fmt: skip
     assert_no_token([file.read_text()], refused, mount_line, out.stderr, tmp_path / "cache")
+
+
+# -- the pod manifests ------------------------------------------------------------------
+
+DOCKER = Path(__file__).resolve().parent.parent / "docker" / "k8s"
+
+
+def manifest(name: str) -> dict[str, list[dict[str, Any]]]:
+    """The documents of a manifest, by kind."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in yaml.safe_load_all((DOCKER / name).read_text()):
+        if doc:
+            by_kind.setdefault(doc["kind"], []).append(doc)
+    return by_kind
+
+
+def sidecar_and_trainer(pod: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (sidecar,) = [c for c in pod["spec"]["initContainers"] if c.get("restartPolicy") == "Always"]
+    (trainer,) = pod["spec"]["containers"]
+    return sidecar, trainer
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["pod.yaml", "pod-account-key.yaml"])
+def test_a_manifest_gives_the_mount_to_the_trainer_and_names_files_it_mounts(name: str) -> None:
+    (pod,) = manifest(name)["Pod"]
+    sidecar, trainer = sidecar_and_trainer(pod)
+    env = {e["name"]: e["value"] for e in sidecar["env"] if "value" in e}
+    settings = Settings.from_env(env)  # every value is valid
+    user = trainer["securityContext"]
+    assert settings.mount_allow_other is True
+    assert (settings.mount_uid, settings.mount_gid) == (user["runAsUser"], user["runAsGroup"])
+    assert user["runAsUser"] != 0 and user["runAsNonRoot"] is True
+    assert settings.mount_file_mode == 0o440 and settings.mount_dir_mode == 0o550  # no "other"
+    mounted_at = [m["mountPath"] for m in sidecar["volumeMounts"]]
+    spec_file, mount_point = sidecar["args"][-2:]
+    for path in (spec_file, env["DATAMOUNT_WORKSPACE"], mount_point):
+        assert any(path.startswith(at + "/") for at in mounted_at), path
+    for probe in ("startupProbe", "readinessProbe"):
+        assert sidecar[probe]["exec"]["command"][-1] == mount_point
+
+
+@pytest.mark.unit
+def test_the_default_manifest_uses_workload_identity_and_holds_no_secret() -> None:
+    docs = manifest("pod.yaml")
+    assert "Secret" not in docs and "secretKeyRef" not in (DOCKER / "pod.yaml").read_text()
+    (pod,) = docs["Pod"]
+    (account,) = docs["ServiceAccount"]
+    assert pod["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert "azure.workload.identity/client-id" in account["metadata"]["annotations"]
+    assert pod["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    sidecar, trainer = sidecar_and_trainer(pod)
+    skipped = pod["metadata"]["annotations"]["azure.workload.identity/skip-containers"]
+    assert skipped.split(";") == [trainer["name"]]  # the trainer gets no token
+    maps = {m["metadata"]["name"]: m["data"] for m in docs["ConfigMap"]}
+    input_spec = yaml.safe_load(maps["datamount-spec"]["input.yaml"])
+    assert input_spec["identity"] == "managed_identity"
+    stores = yaml.safe_load(maps["datamount-workspace"]["workspace.yaml"])["datastores"]
+    assert all("credentials" not in store for store in stores.values())
+    assert not any(e["name"].startswith("AZURE_") for e in sidecar["env"])  # the webhook's
+
+    # The key variant is the same pod but for the identity.
+    keyed = manifest("pod-account-key.yaml")
+    (keyed_pod,) = keyed["Pod"]
+    keyed_sidecar, keyed_trainer = sidecar_and_trainer(keyed_pod)
+    assert keyed_trainer == trainer
+    assert [e for e in keyed_sidecar["env"] if e["name"] != "AZURE_STORAGE_KEY"] == sidecar["env"]
+    assert {**keyed_sidecar, "env": None} == {**sidecar, "env": None}
+    assert "${AZURE_STORAGE_KEY}" in (DOCKER / "secret.example.yaml").read_text()
