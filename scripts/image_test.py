@@ -6,10 +6,16 @@
    `status --ready` inside answers; the host reads every file byte-exact
    through the bind mount; SIGTERM to the container while the host holds a
    file open: the daemon drains (still serving), then unmounts once it is
-   closed, exit 0, nothing left mounted on the host.
-2. Pod: docker/k8s/pod.yaml under `podman kube play`, adapted where podman
-   4.3 differs from a cluster (printed): the trainer reads the data, `podman
-   kube down` drains, nothing left mounted.
+   closed, exit 0, nothing left mounted on the host. The mount is opened to
+   other users as the pod manifests open it (DATAMOUNT_MOUNT_ALLOW_OTHER,
+   _UID / _GID the trainer's, modes 0440 / 0550): on the host the trainer's
+   uid reads a file, a third uid is refused (setpriv).
+2. Pod: docker/k8s/pod-account-key.yaml under `podman kube play` (pod.yaml,
+   the default, is the same pod with AKS workload identity, which needs the
+   cluster's webhook), adapted where podman 4.3 differs from a cluster
+   (printed): the trainer, running as uid/gid 1000 (its securityContext),
+   reads the data; a third uid in the trainer's container is refused;
+   `podman kube down` drains, nothing left mounted.
 
 PODMAN and PODMAN_ULIMITS (from the Makefile) carry the podman settings that
 work on this machine kind. Secrets: the account key reaches podman only
@@ -49,6 +55,12 @@ POD = "train"
 KEY_ENV = "AZURE_STORAGE_KEY"
 SECRET = "datamount-workspace"
 STEP_TIMEOUT = 60.0
+MANIFEST = "docker/k8s/pod-account-key.yaml"
+TRAINER_UID = 1000  # the manifests' runAsUser / runAsGroup and DATAMOUNT_MOUNT_UID / _GID
+OTHER_UID = 2000  # a third user: neither the mounting root nor the trainer
+ACCESS = {"DATAMOUNT_MOUNT_ALLOW_OTHER": "true", "DATAMOUNT_MOUNT_UID": str(TRAINER_UID),
+          "DATAMOUNT_MOUNT_GID": str(TRAINER_UID), "DATAMOUNT_MOUNT_FILE_MODE": "0440",
+          "DATAMOUNT_MOUNT_DIR_MODE": "0550"}  # fmt: skip
 
 
 def say(line: str) -> None:
@@ -123,11 +135,39 @@ def check_bytes(root: Path, blobs: dict[str, bytes]) -> int:
     return total
 
 
+def read_as(uid: int, path: Path) -> subprocess.CompletedProcess[bytes]:
+    """`head -c 64 path` as `uid` (its own group, no supplementary groups)."""
+    cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "head", "-c", "64"]
+    return subprocess.run([*cmd, str(path)], capture_output=True, timeout=STEP_TIMEOUT)
+
+
+def check_access(mp: Path, blobs: dict[str, bytes]) -> None:
+    """The trainer's uid reads a file of the mount; a third uid is refused."""
+    name = sorted(blobs)[0]
+    path = mp / name.removeprefix("images/")
+    st = path.stat()
+    got = (st.st_uid, st.st_gid, st.st_mode & 0o777)
+    if got != (TRAINER_UID, TRAINER_UID, 0o440):
+        raise SystemExit(f"image-test: FAILED: {path}: owner, group, mode {got}, expected "
+                         f"{TRAINER_UID}, {TRAINER_UID}, 0o440")  # fmt: skip
+    trainer = read_as(TRAINER_UID, path)
+    if trainer.returncode != 0 or trainer.stdout != blobs[name][:64]:
+        raise SystemExit(f"image-test: FAILED: uid {TRAINER_UID} could not read {path}: "
+                         f"{trainer.stderr.decode(errors='replace').strip()}")  # fmt: skip
+    other = read_as(OTHER_UID, path)
+    if other.returncode == 0 or b"Permission denied" not in other.stderr:
+        raise SystemExit(f"image-test: FAILED: uid {OTHER_UID} was not refused {path} "
+                         f"(exit {other.returncode})")  # fmt: skip
+    say(f"uid {TRAINER_UID} reads {path.name} (owner {TRAINER_UID}:{TRAINER_UID}, 0440); "
+        f"uid {OTHER_UID}: Permission denied")  # fmt: skip
+
+
 def container_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) -> None:
     config, logs = tmp / "config", tmp / "logs"
     write_config(config, azurite)
     logs.mkdir()
     env = {**os.environ, KEY_ENV: azurite.key}
+    access = [arg for name, value in ACCESS.items() for arg in ("-e", f"{name}={value}")]
     with shared_dir(tmp / "data") as data:
         podman("rm", "-f", "-i", NAME, check=False)
         run = ["run", "-d", "--name", NAME, *ULIMITS, "--device", "/dev/fuse",
@@ -135,7 +175,7 @@ def container_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, byt
                "-v", f"{config}:/etc/datamount:ro", "-v", f"{data}:/mnt/data:rshared",
                "-v", f"{logs}:/var/log/datamount", "-e", "DATAMOUNT_LOG_DIR=/var/log/datamount",
                "-e", "DATAMOUNT_WORKSPACE=/etc/datamount/workspace.yaml",
-               "-e", "DATASET_UNMOUNT_TIMEOUT_SECONDS=30", "-e", KEY_ENV, image,
+               "-e", "DATASET_UNMOUNT_TIMEOUT_SECONDS=30", "-e", KEY_ENV, *access, image,
                "mount", "--foreground", "/etc/datamount/input.yaml", "/mnt/data/input"]  # fmt: skip
         say("podman " + " ".join(run))
         podman(*run, env=env)
@@ -150,6 +190,7 @@ def container_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, byt
             total = check_bytes(mp, blobs)
             say(f"host read {len(blobs)} files, {total} bytes through the rshared bind mount: "
                 f"byte-exact ({time.monotonic() - start:.2f} s)")  # fmt: skip
+            check_access(mp, blobs)
             big = max(blobs, key=lambda n: len(blobs[n]))
             with open(mp / big.removeprefix("images/"), "rb") as held:
                 head = held.read(1 << 20)
@@ -179,8 +220,8 @@ def container_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, byt
 
 
 def kube_manifest(image: str, data: Path, cache: Path) -> tuple[list[dict], list[str]]:
-    """docker/k8s/pod.yaml adapted to podman 4.3 and this machine; the changes, said."""
-    docs = [d for d in yaml.safe_load_all((REPO / "docker/k8s/pod.yaml").read_text()) if d]
+    """MANIFEST adapted to podman 4.3 and this machine; the changes, said."""
+    docs = [d for d in yaml.safe_load_all((REPO / MANIFEST).read_text()) if d]
     pod = next(d for d in docs if d["kind"] == "Pod")
     spec = pod["spec"]
     changes = [
@@ -223,6 +264,7 @@ TRAINER = """
 import hashlib, os, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 root = '/mnt/data/input'
+print('uid', os.getuid(), os.getgid(), flush=True)
 for _ in range(600):
     if os.path.isdir(root) and os.listdir(root):
         break
@@ -235,6 +277,21 @@ for d, _, files in sorted(os.walk(root)):
 print('trainer done', flush=True)
 time.sleep(100000)
 """
+
+
+def check_kube_access(trainer: str, logs: str, blobs: dict[str, bytes]) -> None:
+    """The trainer ran as TRAINER_UID; a third uid in its container is refused."""
+    want = f"uid {TRAINER_UID} {TRAINER_UID}"
+    if want not in logs.splitlines():
+        raise SystemExit(f"image-test: FAILED: the trainer did not run as {want[4:]}")
+    path = "/mnt/data/input/" + sorted(blobs)[0].removeprefix("images/")
+    read = ["exec", "--user", f"{OTHER_UID}:{OTHER_UID}", trainer, "head", "-c", "64", path]
+    other = podman(*read, check=False)
+    if other.returncode == 0 or "Permission denied" not in other.stderr:
+        raise SystemExit(f"image-test: FAILED: uid {OTHER_UID} in the trainer's container was "
+                         f"not refused {path} (exit {other.returncode})")  # fmt: skip
+    say(f"kube: the trainer runs as {TRAINER_UID}:{TRAINER_UID} and reads; uid {OTHER_UID} "
+        f"in its container: Permission denied")  # fmt: skip
 
 
 def kube_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) -> None:
@@ -303,6 +360,7 @@ def kube_test(image: str, tmp: Path, azurite: Azurite, blobs: dict[str, bytes]) 
             if got != want:
                 raise SystemExit(f"image-test: FAILED: the trainer read {got}, expected {want}")
             say(f"kube: the trainer read {len(got)} files through HostToContainer: sha256 match")
+            check_kube_access(trainer, logs(), blobs)
             health = podman("inspect", "-f", "{{json .Config.Healthcheck}}", sidecar).stdout
             say(f"kube: podman's healthcheck of the sidecar (from the probes): {health.strip()}")
             ready = podman("exec", sidecar, "datamount", "status", "--ready", "/mnt/data/input")

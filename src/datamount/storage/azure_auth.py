@@ -14,6 +14,11 @@ give one is an AccessDenied naming the identity kind (a failed renewal
 while the current token is still valid only logs a warning and is retried).
 Anonymous: nothing.
 
+Workload identity (AKS): `WorkloadIdentity`, azure-identity's
+ClientAssertionCredential whose assertion is the federated token file
+(AZURE_FEDERATED_TOKEN_FILE), read again at each token request (the kubelet
+rotates it); its failures name the file or the token endpoint, never a token.
+
 Each auth object sees the request's path (already percent-encoded, as sent),
 its query parameters (unencoded) and its headers, and may add headers.
 
@@ -32,15 +37,21 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from datamount.errors import AccessDenied
+from datamount.log import register_secret
 
 TOKEN_SCOPE = "https://storage.azure.com/.default"
 TOKEN_REFRESH = 300.0  # renew 5 minutes before expiry, as azure-core's policy does
 log = logging.getLogger(__name__)
 REASON_MAX = 300  # characters of a credential's error kept in the one-line message
+# azure-identity's variables for workload identity (what the AKS webhook injects)
+FEDERATED_TOKEN_FILE = "AZURE_FEDERATED_TOKEN_FILE"
+WORKLOAD_IDENTITY = "workload_identity"
+PUBLIC_AUTHORITY = "https://login.microsoftonline.com"
 
 _SIGNED = (
     "content-encoding",
@@ -264,3 +275,121 @@ class BearerAuth:
             raise AccessDenied(f"{self._kind} could not get a storage token: {reason}") from None
         expires = float(got.expires_on)
         return got.token, refresh_at(expires, time.time()), expires
+
+
+class FederatedToken:
+    """The client assertion: the federated token file's content, read at each
+    call (azure-identity's own WorkloadIdentityCredential keeps it 10 minutes).
+    A file that cannot be read, or is empty, is an AccessDenied naming it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.last = ""  # the last assertion read: scrubbed from error messages
+
+    def __repr__(self) -> str:
+        return f"FederatedToken({self.path!r})"
+
+    def __call__(self) -> str:
+        try:
+            text = Path(self.path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeError) as exc:
+            why = getattr(exc, "strerror", None) or type(exc).__name__
+            raise AccessDenied(
+                f"cannot read the federated token file {self.path} ({FEDERATED_TOKEN_FILE}): {why}"
+            ) from None
+        if not text:
+            raise AccessDenied(
+                f"the federated token file {self.path} ({FEDERATED_TOKEN_FILE}) is empty"
+            )
+        if text != self.last:
+            register_secret(text)  # masked in every log line from now on
+            self.last = text
+        return text
+
+
+def authority_host(value: str | None) -> str:
+    """AZURE_AUTHORITY_HOST as azure-identity reads it: https:// when no
+    scheme is given, no trailing '/'; the public cloud's when unset."""
+    host = (value or PUBLIC_AUTHORITY).strip().rstrip("/")
+    return host if "://" in host else f"https://{host}"
+
+
+class WorkloadIdentity:
+    """A TokenCredential for AKS workload identity: the client-assertion grant
+    (POST {authority}/{tenant}/oauth2/v2.0/token, grant_type
+    client_credentials, the federated token as a jwt-bearer assertion) by
+    azure-identity's ClientAssertionCredential over `transport` (the
+    project's TLS). Failures are AccessDenied naming the file or the endpoint."""
+
+    def __init__(
+        self, token_file: str, tenant_id: str, client_id: str, authority: str, transport: Any
+    ) -> None:
+        from azure.identity import ClientAssertionCredential
+
+        if not authority.startswith("https://"):
+            raise AccessDenied(
+                f"{WORKLOAD_IDENTITY}: AZURE_AUTHORITY_HOST must be an https URL, not {authority}"
+            )
+        self.kind = WORKLOAD_IDENTITY  # what errors name (BearerAuth)
+        self.client_id = client_id
+        self.endpoint = f"{authority}/{tenant_id}/oauth2/v2.0/token"
+        self.assertion = FederatedToken(token_file)
+        self._inner = ClientAssertionCredential(
+            tenant_id, client_id, self.assertion, authority=authority, transport=transport
+        )
+
+    def __repr__(self) -> str:
+        return f"WorkloadIdentity({self.describe()})"
+
+    def describe(self) -> str:
+        """The identity, its client id, the file and the endpoint: no secret."""
+        return (
+            f"{WORKLOAD_IDENTITY}(client_id={self.client_id}, token file "
+            f"{self.assertion.path}, token endpoint {self.endpoint})"
+        )
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        try:
+            return self._inner.get_token(*scopes, **kwargs)
+        except AccessDenied:  # the token file's: already one line naming it
+            raise
+        except Exception as exc:  # the endpoint refused, or could not be reached
+            reason = _unreachable(exc) or _reason(exc)
+            if self.assertion.last:
+                reason = reason.replace(self.assertion.last, "***")
+            raise AccessDenied(f"the token endpoint {self.endpoint}: {reason}") from None
+
+
+def _unreachable(exc: BaseException) -> str:
+    """Why a request never got an answer (the innermost OSError's reason:
+    'Connection refused', a TLS verification failure), or '' for an answer."""
+    if getattr(exc, "status_code", None):
+        return ""
+    seen: BaseException | None = exc
+    for _ in range(12):  # azure-core -> requests -> urllib3 -> the socket's error
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and isinstance(seen.strerror, str) and seen.strerror:
+            return f"cannot connect: {seen.strerror}"
+        seen = getattr(seen, "inner_exception", None) or seen.__cause__ or seen.__context__
+    return ""
+
+
+def workload_identity(
+    environ: Mapping[str, str], client_id: str | None, transport: Callable[[], Any]
+) -> WorkloadIdentity | None:
+    """The workload identity the environment configures (AZURE_FEDERATED_TOKEN_FILE
+    set), or None; its requests go through `transport()`. `client_id` (the
+    spec's) wins over AZURE_CLIENT_ID."""
+    token_file = environ.get(FEDERATED_TOKEN_FILE)
+    if not token_file:
+        return None
+    tenant = environ.get("AZURE_TENANT_ID", "")
+    client = client_id or environ.get("AZURE_CLIENT_ID", "")
+    missing = [name for name, value in (("AZURE_TENANT_ID", tenant), ("AZURE_CLIENT_ID", client))
+               if not value]  # fmt: skip
+    if missing:
+        names = " and ".join(missing) + (" is" if len(missing) == 1 else " are")
+        raise AccessDenied(f"{WORKLOAD_IDENTITY}: {FEDERATED_TOKEN_FILE} is set but {names} not")
+    authority = authority_host(environ.get("AZURE_AUTHORITY_HOST"))
+    return WorkloadIdentity(token_file, tenant, client, authority, transport())

@@ -12,7 +12,10 @@ Both pools hold `pool_size` keep-alive connections (the largest size any
 user asked for; the composition root sizes it to the thread counts). The
 SDK's retries are off (retry_total=0) and urllib3's too: every request goes
 once through the store's `RetryPolicy.call`. One azure-identity credential
-object serves both clients, so its token cache is shared.
+object serves both clients, so its token cache is shared. `managed_identity`
+is AKS workload identity when AZURE_FEDERATED_TOKEN_FILE is set (azure_auth.
+WorkloadIdentity, its token endpoint reached with the project's TLS); one
+log line per client set says which identity was chosen.
 
 Threads: `acquire`, `release` and `Shared.sdk` take a module lock; the
 clients themselves are thread-safe.
@@ -21,6 +24,7 @@ clients themselves are thread-safe.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +32,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from datamount.errors import AccessDenied
-from datamount.storage.azure_auth import Anonymous, Auth, BearerAuth, SasAuth, SharedKeyAuth
+from datamount.storage.azure_auth import (
+    Anonymous,
+    Auth,
+    BearerAuth,
+    SasAuth,
+    SharedKeyAuth,
+    WorkloadIdentity,
+    workload_identity,
+)
 from datamount.storage.azure_raw import RawClient
 from datamount.storage.credentials import Credential, CredentialKind
 
@@ -48,6 +60,7 @@ DATA_BLOCK = 256 << 10
 CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 30.0  # seconds without a byte before a request is abandoned
 TOKEN_KINDS = (CredentialKind.USER_IDENTITY, CredentialKind.MANAGED_IDENTITY)
+log = logging.getLogger(__name__)
 
 
 def _quiet_identity_log() -> None:
@@ -61,7 +74,24 @@ def _quiet_identity_log() -> None:
         logger.addHandler(logging.NullHandler())
 
 
-def sdk_credential(credential: Credential, account: str) -> Any:
+def token_transport(ca_bundle: Path | None) -> Any:
+    """The transport of a token endpoint's requests: a requests Session whose
+    https trusts what the storage requests trust (storage.tls)."""
+    import requests
+    from azure.core.pipeline.transport import RequestsTransport
+
+    from datamount.storage import sessions
+
+    session = requests.Session()
+    adapter = sessions.adapter(ca_bundle, max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return RequestsTransport(
+        session=session, connection_timeout=CONNECT_TIMEOUT, read_timeout=DEFAULT_READ_TIMEOUT
+    )
+
+
+def sdk_credential(credential: Credential, account: str, ca_bundle: Path | None = None) -> Any:
     kind = credential.kind
     if kind in TOKEN_KINDS:
         _quiet_identity_log()
@@ -85,7 +115,10 @@ def sdk_credential(credential: Credential, account: str) -> Any:
     if kind is CredentialKind.MANAGED_IDENTITY:
         from azure.identity import ManagedIdentityCredential
 
-        return ManagedIdentityCredential(client_id=credential.client_id)
+        federated = workload_identity(
+            os.environ, credential.client_id, lambda: token_transport(ca_bundle)
+        )
+        return federated or ManagedIdentityCredential(client_id=credential.client_id)
     return None
 
 
@@ -97,8 +130,20 @@ def raw_auth(credential: Credential, account: str, sdk_cred: Any, *, https: bool
     if credential.kind is CredentialKind.SAS:
         return SasAuth(secret)
     if sdk_cred is not None:
-        return BearerAuth(sdk_cred, https=https, kind=credential.describe())
+        kind = sdk_cred.kind if isinstance(sdk_cred, WorkloadIdentity) else credential.describe()
+        return BearerAuth(sdk_cred, https=https, kind=kind)
     return Anonymous()
+
+
+def identity_line(credential: Credential, token_credential: Any) -> str:
+    """Which identity a client set uses, for the log: never a secret."""
+    if isinstance(token_credential, WorkloadIdentity):
+        return token_credential.describe()
+    if credential.kind is CredentialKind.MANAGED_IDENTITY:
+        return f"{credential.describe()} (azure-identity ManagedIdentityCredential)"
+    if credential.kind is CredentialKind.USER_IDENTITY:
+        return f"{credential.describe()} (az CLI, then DefaultAzureCredential)"
+    return credential.describe()
 
 
 def account_of(endpoint: str) -> str:
@@ -160,7 +205,10 @@ def _create(
         # The SDK refuses too (with a ValueError): a token never travels in clear.
         raise AccessDenied(f"{credential.describe()} needs an https endpoint, not {endpoint}")
     token_credential = (
-        sdk_credential(credential, account) if credential.kind in TOKEN_KINDS else None
+        sdk_credential(credential, account, ca_bundle) if credential.kind in TOKEN_KINDS else None
+    )
+    log.info(
+        "%s/%s: credential %s", endpoint, container, identity_line(credential, token_credential)
     )
     auth = raw_auth(credential, account, token_credential, https=https)
     raw = RawClient(
@@ -200,7 +248,9 @@ def _create_sdk(shared: Shared) -> SdkClients:
         # ("The SDK's transport chunk").
         connection_data_block_size=DATA_BLOCK,
     )
-    credential = shared.token_credential or sdk_credential(shared.credential, shared.account)
+    credential = shared.token_credential or sdk_credential(
+        shared.credential, shared.account, shared.ca_bundle
+    )
     client = ContainerClient(
         account_url=shared.endpoint,
         container_name=shared.container,
