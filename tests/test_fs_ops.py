@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from datamount.fs.access import mount_access
 from datamount.fs.namespace import Namespace
 from datamount.fs.ops import NS, ReadOnlyFS
 from datamount.read.reader import DirectReader
@@ -26,7 +27,8 @@ BODY = rng.randbytes(300_001)
 
 def make(objects: dict[str, bytes], **kw: object) -> tuple[MemoryStore, ReadOnlyFS]:
     store = MemoryStore(objects, **kw)  # type: ignore[arg-type]
-    fs = ReadOnlyFS(Namespace(store, "ds"), DirectReader(store), store_id="mem", uid=1, gid=2)
+    fs = ReadOnlyFS(Namespace(store, "ds"), DirectReader(store), store_id="mem",
+                    access=mount_access(writable=False, uid=1, gid=2))  # fmt: skip
     return store, fs
 
 

@@ -11,10 +11,12 @@ import hashlib
 import json
 import os
 import random
+import stat
 from pathlib import Path
 
 import pytest
 
+from datamount.fs.access import mount_access
 from datamount.fs.folders import LocalFolders, MarkerFolders, folders_for
 from datamount.fs.namespace import Namespace
 from datamount.fs.writable import WritableFS
@@ -42,7 +44,8 @@ def make(
         WriteBackOptions(block_size=BLOCK, threads=4, reserved_free_disk_space=reserve),
     )
     namespace = Namespace(store, "out", ttl=ttl)
-    return WritableFS(namespace, DirectReader(store), writeback, store_id="mem", uid=0, gid=0)
+    return WritableFS(namespace, DirectReader(store), writeback, store_id="mem",
+                      access=mount_access(writable=True, uid=0, gid=0))  # fmt: skip
 
 
 def errno_of(fn, *args) -> int:  # noqa: ANN001
@@ -167,7 +170,7 @@ def test_mkdir_rmdir_unlink_rename(tmp_path: Path) -> None:
     assert fs.chmod("/t/x", 0o600) == fs.chown("/t/x", 1, 1) == fs.utimens("/t/x", None) == 0
 
 
-def test_backslash_names_are_einval_and_files_show_executable(tmp_path: Path) -> None:
+def test_backslash_names_are_einval_and_files_show_the_mount_modes(tmp_path: Path) -> None:
     store = MemoryStore({"out/f": b"f"})
     fs = make(store, tmp_path / "s")
     assert errno_of(fs.create, "/back\\slash", 0o644, W) == errno.EINVAL
@@ -175,14 +178,14 @@ def test_backslash_names_are_einval_and_files_show_executable(tmp_path: Path) ->
     assert errno_of(fs.rename, "/f", "/g\\h") == errno.EINVAL
     assert [o.key for p in store.list_pages("out/") for o in p.objects] == ["out/f"]
     assert [n for n, _, _ in fs.readdir(fs.opendir("/"), 0) if n not in (".", "..")] == ["f"]
-    # blobs have no mode: files show 0755 (a script written here can run), as do folders
+    # blobs have no mode: files show 0644, folders 0755 (the rw_mount defaults)
     write_file(fs, "/run.sh", b"#!/bin/sh\necho hi\n")
     fs.mkdir("/d", 0o700)
-    assert fs.getattr("/run.sh")["st_mode"] & 0o7777 == 0o755
-    assert fs.getattr("/f")["st_mode"] & 0o7777 == 0o755
-    assert fs.getattr("/d")["st_mode"] & 0o7777 == 0o755
-    assert fs.chmod("/run.sh", 0o600) == 0  # accepted, changes nothing
-    assert fs.getattr("/run.sh")["st_mode"] & 0o7777 == 0o755
+    assert fs.getattr("/run.sh")["st_mode"] == stat.S_IFREG | 0o644
+    assert fs.getattr("/f")["st_mode"] == stat.S_IFREG | 0o644
+    assert fs.getattr("/d")["st_mode"] == stat.S_IFDIR | 0o755
+    assert fs.chmod("/run.sh", 0o755) == 0  # accepted, changes nothing
+    assert fs.getattr("/run.sh")["st_mode"] == stat.S_IFREG | 0o644
 
 
 def test_local_store_folders_are_directories(tmp_path: Path) -> None:

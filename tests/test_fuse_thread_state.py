@@ -56,7 +56,7 @@ SERVE = textwrap.dedent(
             subprocess.run(["fusermount3", "-u", mp], check=False)
 
     threading.Thread(target=stat_all, daemon=True).start()
-    fuse_adapter.run(fs, mp, ttl_seconds=0.0, fsname="probe", allow_other=False,
+    fuse_adapter.run(fs, mp, ttl_seconds=0.0, fsname="probe",
                      max_threads=2, on_ready=ready.set)
     print(json.dumps(list(seen.values())))
     """

@@ -8,6 +8,9 @@ One job: route the stdlib loggers into two files of one folder.
 - `datamount-runtime.log`: everything under the "datamount" logger, opened with
   the effective settings.
 
+Both are private (0600, in a folder created 0700: datamount.private), like
+the cache they usually live in: they name blobs and mount points.
+
 Neither propagates to the root logger, so nothing reaches stderr unless the CLI
 adds its own handler (give it `RedactingFilter()` too). Every line passes
 `redact()`: SAS signatures, AccountKey=/SharedAccessSignature= in connection
@@ -20,6 +23,7 @@ set).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
+
+from datamount import private
 
 CAPABILITY_LOG = "data-capability.log"
 RUNTIME_LOG = "datamount-runtime.log"
@@ -138,6 +144,8 @@ def _formatter(fmt: str) -> logging.Formatter:
 
 
 def _file_handler(path: Path, fmt: str) -> logging.FileHandler:
+    os.close(private.create(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))  # 0600 when new
+    private.tighten(path)  # 0644 from an older version
     # backslashreplace: a local path that is not valid UTF-8 is logged escaped, not dropped.
     handler = logging.FileHandler(path, mode="a", encoding="utf-8", errors="backslashreplace")
     handler.setFormatter(_formatter(fmt))
@@ -164,7 +172,7 @@ def setup_logging(
     starts the runtime log with `settings_lines`, whatever `level` is.
     """
     log_dir = Path(log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    private.folders(log_dir)
     files = LogFiles(log_dir / CAPABILITY_LOG, log_dir / RUNTIME_LOG)
     number = _level_number(level)
     with _lock:

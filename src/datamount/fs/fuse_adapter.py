@@ -8,6 +8,8 @@ never crashes on a bad request. The only module that imports mfusepy.
 Kernel-facing choices (see `run`; why each: docs/design/ro_mount.md, "What
 the kernel is told"):
 - read-only (`ro`) unless the filesystem has a write side (`fs.writes`);
+- for the mounting user only, or `allow_other` with `default_permissions`
+  (`fs.access`);
   multithreaded (libfuse's worker pool, `max_threads`);
 - attr / entry / negative timeouts equal the attribute cache TTL (none set:
   a year, i.e. never), so the kernel caches no longer than the daemon does;
@@ -421,7 +423,6 @@ def run(
     *,
     ttl_seconds: float | None,
     fsname: str,
-    allow_other: bool,
     max_threads: int,
     on_ready: Callable[[], None],
     adapter_ready: Callable[[Adapter], None] = lambda a: None,
@@ -444,8 +445,9 @@ def run(
         # libfuse 3.14 warns about its own default (UINT_MAX) unless this is set.
         "max_idle_threads": max_threads,
     }
-    if allow_other:
-        options["allow_other"] = True  # the job may run as another user than the daemon
+    # Only the mounting user, unless fs.access lets others in (then always with
+    # default_permissions: the kernel checks the owner and modes, fs.access).
+    options.update(fs.permissions.fuse_options())
     # No hard_remove: libfuse turns the unlink of an open file (and a rename
     # over one) into a rename to .fuse_hidden*, which WritableFS takes as the
     # unlink it is (fs.writable: the blob is deleted, nothing is copied) while

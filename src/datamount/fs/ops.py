@@ -17,6 +17,8 @@ previous open of that blob saw: warm re-reads never enter Python, and a
 changed file never shows stale pages.
 
 Everything that would write (write, create, mkdir, rename, chmod...) is EROFS.
+Owner, group and modes are the mount's `fs.access.Access` (the kernel checks
+them when the mount lets other users in: `default_permissions`).
 
 `fs.writable.WritableFS` (rw_mount) extends this one through its "hooks"
 (`lookup`, `listing`, `handle_of`, `attrs_of`, `let_go`) and adds the write
@@ -40,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, TypeVar
 
 from datamount.errors import ObjectNotFound, VersionChanged, os_error
+from datamount.fs.access import Access, mount_access
 from datamount.fs.handles import DirStream, Opened, OpenFile
 from datamount.fs.namespace import Attrs, Namespace
 from datamount.read.blocks import ObjectId
@@ -48,8 +51,6 @@ from datamount.read.reader import Reader, ReadHandle
 T = TypeVar("T")
 
 NS = 1_000_000_000
-FILE_MODE = stat.S_IFREG | 0o444
-DIR_MODE = stat.S_IFDIR | 0o555
 NAME_MAX = 255  # Linux's limit for one path component (blob names may be longer in total)
 # Versions remembered for keep_cache (~150 bytes each); a forgotten one only
 # costs that file's page cache at its next open.
@@ -101,8 +102,6 @@ class ReadOnlyFS:
     """The filesystem the FUSE adapter serves. Paths are FUSE paths ('/a/b').
     `fs.writable.WritableFS` extends it for rw_mount (see the hooks)."""
 
-    file_mode = FILE_MODE
-    dir_mode = DIR_MODE
     writes: Writes | None = None  # None: nothing to finish at unmount, mounted `ro`
     # Told the path of every blob opened (after the open succeeded): the
     # file-ahead prefetcher (read.ahead) watches the order of opens. It must
@@ -115,14 +114,16 @@ class ReadOnlyFS:
         reader: Reader,
         *,
         store_id: str,
-        uid: int | None = None,
-        gid: int | None = None,
+        access: Access | None = None,
     ) -> None:
+        """`access`: the owner and modes shown (fs.access; by default the
+        mounting user, files 0444, folders 0555)."""
         self.namespace = namespace
         self.reader = reader
         self.store_id = store_id
-        self.uid = os.geteuid() if uid is None else uid
-        self.gid = os.getegid() if gid is None else gid
+        self.permissions = access if access is not None else mount_access(writable=False)
+        self._file_mode = stat.S_IFREG | self.permissions.file_mode
+        self._dir_mode = stat.S_IFDIR | self.permissions.dir_mode
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._ids = itertools.count(1)
@@ -195,12 +196,12 @@ class ReadOnlyFS:
         """A stat(2) dict; times in nanoseconds, as the adapter hands them to FUSE."""
         mtime = int(attrs.mtime * NS)
         st = {
-            "st_mode": self.dir_mode if attrs.is_dir else self.file_mode,
+            "st_mode": self._dir_mode if attrs.is_dir else self._file_mode,
             "st_nlink": 2 if attrs.is_dir else 1,
             "st_size": attrs.size,
             "st_blocks": (attrs.size + 511) // 512,
-            "st_uid": self.uid,
-            "st_gid": self.gid,
+            "st_uid": self.permissions.uid,
+            "st_gid": self.permissions.gid,
             "st_mtime": mtime,
             "st_ctime": mtime,
             "st_atime": mtime,

@@ -15,7 +15,9 @@ One job: the write side of the FUSE filesystem, testable without a kernel
 - Folders and moves are `fs.folders` (marker blobs; rename is copy + delete,
   not atomic; a local output path has real directories). `unlink` deletes.
 - A uri_file output (`namespace.file_key`) shows its one name (others: EACCES).
-- chmod, chown and utimens are accepted and ignored; files and folders 0755.
+- chmod, chown and utimens are accepted and ignored: blobs have no mode, so
+  every file shows the mount's file mode (`fs.access`: by default 0644, and
+  0755 for folders; DATAMOUNT_MOUNT_FILE_MODE=0755 makes scripts runnable).
 - New names with a backslash are EINVAL, names not valid UTF-8 EILSEQ.
 - Every change here invalidates the namespace's caches.
 
@@ -34,10 +36,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import stat
 from collections.abc import Callable, Iterable, Iterator
 
 from datamount.errors import ObjectNotFound, os_error
+from datamount.fs.access import Access, mount_access
 from datamount.fs.folders import Folders, folders_for
 from datamount.fs.handles import Opened, OpenFile
 from datamount.fs.kept import KeptView, is_hidden, keep_readers, open_as, rename_open
@@ -48,10 +50,6 @@ from datamount.read.reader import Reader, ReadHandle
 from datamount.write.journal import Leftovers
 from datamount.write.writeback import Staged, WriteBack
 
-# Blobs have no mode: every file shows executable (blobfuse2 shows 0777), so a
-# script a job writes to an output can be run from it; chmod changes nothing.
-RW_FILE_MODE = stat.S_IFREG | 0o755
-RW_DIR_MODE = stat.S_IFDIR | 0o755
 _WRITING = os.O_TRUNC | os.O_APPEND
 NOT_UTF8 = "name is not valid UTF-8, as Azure blob names must be"
 
@@ -69,9 +67,6 @@ class _OnStaged(OpenFile):
 class WritableFS(ReadOnlyFS):
     """ReadOnlyFS plus writes; the FUSE adapter mounts it read-write."""
 
-    file_mode = RW_FILE_MODE
-    dir_mode = RW_DIR_MODE
-
     def __init__(
         self,
         namespace: Namespace,
@@ -79,11 +74,13 @@ class WritableFS(ReadOnlyFS):
         writeback: WriteBack,
         *,
         store_id: str,
-        uid: int | None = None,
-        gid: int | None = None,
+        access: Access | None = None,
         folders: Folders | None = None,
     ) -> None:
-        super().__init__(namespace, reader, store_id=store_id, uid=uid, gid=gid)
+        """`access`: by default the mounting user, files 0644, folders 0755."""
+        if access is None:
+            access = mount_access(writable=True)
+        super().__init__(namespace, reader, store_id=store_id, access=access)
         self.writes: Writes | None = self
         self.store = namespace.store
         self.folders = folders if folders is not None else folders_for(self.store)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from datamount import private
 from datamount.errors import DataError
 from datamount.mount.control import find_mount, mount_key, state_file
 
@@ -79,7 +80,7 @@ def prepare(cache_dir: Path, record: UploadOutput) -> Path:
         )
     path = record_file(cache_dir, folder)
     try:  # the cache folder first: a bad --cache-dir creates nothing
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private.folders(path.parent)  # the cache: 0700, the record 0600
     except OSError as exc:
         raise DataError(
             f"cannot create cache folder {path.parent}: {exc.strerror or exc}"
@@ -90,13 +91,9 @@ def prepare(cache_dir: Path, record: UploadOutput) -> Path:
             raise DataError(f"{folder} is not empty; an upload output starts from an empty folder")
     except OSError as exc:
         raise DataError(f"cannot create upload folder {folder}: {exc.strerror or exc}") from None
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(asdict(record), indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        private.write_text(path, json.dumps(asdict(record), indent=1, sort_keys=True) + "\n")
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise DataError(f"cannot write the upload record {path}: {exc.strerror or exc}") from None
     return folder / record.file_name if record.file_name else folder
 

@@ -38,11 +38,12 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from datamount import private
 from datamount.errors import DataError, DatamountError, OutputError
 from datamount.mount.table import (
     POLL,
@@ -168,10 +169,9 @@ def read_state(cache_dir: Path, mountpoint: Path) -> MountState | None:
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """State and stats files: 0600 in a folder created 0700 (datamount.private)."""
+    private.folders(path.parent)
+    private.write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 # -- before mounting -------------------------------------------------------------
@@ -182,9 +182,10 @@ def prepare_mountpoint(mountpoint: Path, cache_dir: Path, log_dir: Path | None =
     The cache folder the daemon records its state in (and the log folder its
     stdio goes to) are checked first, so a bad --cache-dir or --log-dir
     creates nothing."""
-    _make_folder(cache_dir / "mounts", "cache folder")
+    _make_folder(cache_dir, "cache folder", private.private_root)
+    _make_folder(cache_dir / "mounts", "cache folder", private.folders)
     if log_dir is not None:
-        _make_folder(log_dir, "log folder")
+        _make_folder(log_dir, "log folder", private.folders)
     if is_stale(mountpoint):
         state = read_state(cache_dir, mountpoint)
         log.warning("%s: stale mount (its daemon is gone); clearing it", mountpoint)
@@ -215,10 +216,16 @@ def prepare_mountpoint(mountpoint: Path, cache_dir: Path, log_dir: Path | None =
         raise DataError(f"mount point {mountpoint} is not empty")
 
 
-def _make_folder(path: Path, what: str) -> None:
-    """mkdir -p, or DataError naming `what`, the folder and the OS reason."""
+def _mkdir_p(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def _make_folder(path: Path, what: str, make: Callable[[Path], object] = _mkdir_p) -> None:
+    """mkdir -p (or `make`), or DataError naming `what`, the folder and the OS reason."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        make(path)
+    except private.NotPrivate as exc:
+        raise DataError(f"{what} {exc}") from None
     except FileExistsError:
         raise DataError(f"{what} {path}: a file of that name is in the way") from None
     except OSError as exc:
@@ -242,11 +249,13 @@ def spawn(
     mount ready on the same channel, and return its pid. Raises the daemon's
     error otherwise. The channel is a socket pair: nothing of the plan (which
     holds credentials) is ever on a command line or in an environment."""
-    _make_folder(log_file.parent, "log folder")
+    _make_folder(log_file.parent, "log folder", private.folders)
     ours, theirs = socket.socketpair()
     with ours:
         try:
-            with open(log_file, "ab") as out:
+            with open(
+                private.create(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab"
+            ) as out:
                 proc = subprocess.Popen(
                     [*argv, "--ready-fd", str(theirs.fileno())],
                     pass_fds=(theirs.fileno(),),

@@ -93,7 +93,6 @@ class DaemonConfig:
     state: MountState
     state_file: Path
     stats_file: Path
-    allow_other: bool = os.geteuid() == 0
     stats_interval: float = STATS_INTERVAL
 
 
@@ -135,8 +134,7 @@ class MountDaemon:
             try:
                 fuse_adapter.run(
                     self.fs, str(cfg.mountpoint), ttl_seconds=cfg.ttl_seconds,
-                    fsname=cfg.fsname, allow_other=cfg.allow_other,
-                    max_threads=cfg.max_threads, on_ready=self._ready.set,
+                    fsname=cfg.fsname, max_threads=cfg.max_threads, on_ready=self._ready.set,
                     adapter_ready=self._set_adapter,
                 )  # fmt: skip
             except BaseException as exc:  # reported by start() / run()
@@ -156,7 +154,8 @@ class MountDaemon:
         unsaved_file(cfg.state_file).unlink(missing_ok=True)  # a previous daemon's answer
         write_json(cfg.state_file, asdict(cfg.state))
         self._write_stats()
-        log.info("mounted %s (%s, pid %d)", cfg.mountpoint, cfg.fsname, os.getpid())
+        log.info("mounted %s (%s, pid %d); access: %s", cfg.mountpoint, cfg.fsname, os.getpid(),
+                 self.fs.permissions.describe())  # fmt: skip
 
     def _set_adapter(self, adapter: Adapter) -> None:
         self._adapter = adapter

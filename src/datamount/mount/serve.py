@@ -123,7 +123,6 @@ def _config(plan: MountPlan, metrics_url: str = "", hints_socket: str = "") -> D
         state=state,
         state_file=control.state_file(settings.cache_dir, plan.mountpoint),
         stats_file=stats_file,
-        allow_other=os.geteuid() == 0,
     )
 
 

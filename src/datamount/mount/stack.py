@@ -34,6 +34,7 @@ from datamount.budget import (
     cgroup_memory_limit,
     fit_limits,
 )
+from datamount.fs.access import access_from
 from datamount.fs.namespace import Attrs, Namespace
 from datamount.fs.ops import ReadOnlyFS
 from datamount.mount.plan import MountPlan
@@ -327,7 +328,8 @@ def build(plan: MountPlan) -> Stack:
         )
         fs = _writable(plan, store, reader, namespace) if writable else None
         if fs is None:
-            fs = ReadOnlyFS(namespace, reader, store_id=location.store_root)
+            fs = ReadOnlyFS(namespace, reader, store_id=location.store_root,
+                            access=access_from(settings, writable=False))  # fmt: skip
         cleanup.callback(fs.close)
         ahead = file_ahead(reader, stats, namespace, location.store_root)
         if ahead is not None:
@@ -389,7 +391,8 @@ def _writable(
         ),
         budget=reader.budget,  # the upload buffers draw from the mount's one budget
     )
-    fs = WritableFS(namespace, reader, writeback, store_id=plan.location.store_root)
+    fs = WritableFS(namespace, reader, writeback, store_id=plan.location.store_root,
+                    access=access_from(settings, writable=True))  # fmt: skip
     log.info(
         "rw_mount %s at %s: staging in %s, attribute TTL %s s, upload blocks of %d B, "
         "%d upload threads",

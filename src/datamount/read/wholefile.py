@@ -12,7 +12,10 @@
   Downloader, in parallel ranges pinned to the handle's etag, into a private
   folder renamed into place; a file of one range is one `read_into` written
   to a `.part` file and renamed, in the opening thread (no pool per small
-  file). Cache files are not fsync'd: after a crash the size in the name
+  file). Cache files are 0600 and their folders 0700 (datamount.private);
+  a large file's download folder is created 0700 before the Downloader
+  writes into it (with the umask's modes) and its file is made 0600 before
+  the rename. They are not fsync'd: after a crash the size in the name
   finds a truncated file, and the cache can always be refetched.
 - Room: the cache holds at most `limit(free_bytes, used_bytes)` bytes
   (`Settings.cache_limit`: DATASET_MOUNT_CACHE_SIZE and
@@ -43,6 +46,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from datamount.errors import DatamountError, StorageError, VersionChanged
+from datamount.private import FILE_MODE, create, folders
 from datamount.read.blocks import ObjectId
 from datamount.read.reader import Reader, ReadHandle
 from datamount.storage.base import ListPage, ObjectInfo, ReadableStore, paged_listing
@@ -163,7 +167,7 @@ class WholeFileReader:
         self._pending = 0  # bytes of downloads in progress
         self._used = 0  # bytes of complete files + downloads in progress
         self._closed = False
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        folders(cache_dir)
         self._scan()
 
     @property
@@ -240,7 +244,7 @@ class WholeFileReader:
 
     def _fetch_small(self, obj: ObjectId, name: str) -> None:
         part = self.cache_dir / f".{name}.part"
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = create(part)
         try:
             if obj.size:
                 buf = bytearray(obj.size)
@@ -262,10 +266,12 @@ class WholeFileReader:
     def _fetch_large(self, obj: ObjectId, name: str) -> None:
         folder = self.cache_dir / f".dl-{name}"
         try:
+            folders(folder)  # 0700: nobody else reaches the file while it is 0644
             pinned = PinnedVersion(self.store, obj)
             result = Downloader(pinned, self.options).download(
                 obj.key, folder, is_file=True, source_id=f"{obj.store}/{obj.key}@{obj.etag}"
             )
+            os.chmod(result.path, FILE_MODE)
             os.replace(result.path, self.cache_dir / name)
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -5,7 +5,9 @@ skips them.
 One JSON object per line, appended (and flushed) as each file completes, or
 as each group of files gets its final names (`record_many`: one write for the
 group), so a killed run loses at most the files in flight. The first line names the source;
-a manifest for another source is ignored. Thread-safe (one lock).
+a manifest for another source is ignored. A manifest in the caller's folder
+(the cache) is 0600 in a folder created 0700 (datamount.private); one in the
+destination keeps the destination's modes. Thread-safe (one lock).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import threading
 from pathlib import Path
 from typing import TextIO
+
+from datamount.private import FILE_MODE, folders
 
 MANIFEST_NAME = ".datamount-manifest.jsonl"
 # One entry: the bytes json.dumps({"rel": rel, "size": size, "etag": etag}) gives,
@@ -30,6 +34,7 @@ class Manifest:
         """In `dest` itself, or — with `folder` (the CLI uses the cache) — in
         `folder`, named after `dest`'s absolute path, so the destination holds
         the data only (a job walking its input sees no extra file)."""
+        self.private = folder is not None
         if folder is None:
             self.path = dest / MANIFEST_NAME
         else:
@@ -63,9 +68,14 @@ class Manifest:
 
     def open(self) -> None:
         """Start writing: rewrite the header and the entries still valid."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.private:
+            folders(self.path.parent)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as out:
+        mode = FILE_MODE if self.private else 0o666  # 0666: the umask decides
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(json.dumps({"source": self.source}) + "\n")
             for rel, (size, etag) in self._done.items():
                 out.write(json.dumps({"rel": rel, "size": size, "etag": etag}) + "\n")

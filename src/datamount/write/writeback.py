@@ -2,7 +2,8 @@
 written, uploaded whole when the writer flushes, and a journal that survives
 the daemon.
 
-One job: own the staging folder of one output (`<cache>/staging/<hash>/`):
+One job: own the staging folder of one output (`<cache>/staging/<hash>/`),
+created 0700 with every file in it 0600 (datamount.private):
 
 - `create(key)` makes an empty staged file (`<id>.data`), filled through
   `write`/`truncate`; a write that would leave less free disk than
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from datamount.budget import UPLOAD, MemoryBudget
 from datamount.errors import OutputError, os_error
+from datamount.private import folders, write_text
 from datamount.storage.base import ObjectStore
 from datamount.transfer.progress import Progress
 from datamount.transfer.uploader import BLOCK_SIZE, MAX_FILE_SIZE, Uploader, UploadOptions
@@ -130,7 +132,7 @@ class WriteBack:
         self.store = store
         self.directory = directory
         self.options = options
-        directory.mkdir(parents=True, exist_ok=True)
+        folders(directory)  # under the cache: 0700, its files 0600 (datamount.private)
         self._lock_fd = self._take_folder(directory)
         self._lock = threading.Lock()
         self._journal: dict[str, dict[str, str]] = self._load()
@@ -187,10 +189,8 @@ class WriteBack:
 
     def _save(self) -> None:
         # Called with _lock held. tmp + rename: a crash leaves the old or the new.
-        path = self.directory / JOURNAL
-        tmp = path.with_name(f".{JOURNAL}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": 1, "entries": self._journal}, indent=1) + "\n")
-        os.replace(tmp, path)
+        text = json.dumps({"version": 1, "entries": self._journal}, indent=1) + "\n"
+        write_text(self.directory / JOURNAL, text)
 
     def _set_state(self, staged: Staged, state: str | None, error: str = "") -> None:
         with self._lock:

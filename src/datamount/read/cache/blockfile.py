@@ -11,7 +11,8 @@ file size and the checksum: anything else is None (the caller removes it).
 Writing: an unnamed O_TMPFILE file in `root/tmp`, linked under its final name
 once whole (linkat of /proc/self/fd/N), so a final name never holds a torn
 block and a killed process leaves no temp file; where O_TMPFILE is refused, a
-named `tmp/<name>.<tid>.tmp` renamed into place. Blocks of DIRECT_MIN bytes
+named `tmp/<name>.<tid>.tmp` renamed into place. Every file is 0600 and
+every folder 0700 (datamount.private: the cache is private). Blocks of DIRECT_MIN bytes
 and more are written paged, with one O_DIRECT write (why O_DIRECT, and why
 paged: docs/design/cache.md, "O_DIRECT block files"): a page-aligned block
 (fetched blocks are) is sent from its own buffer in a pwritev between a
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import xxhash
 
+from datamount.private import FILE_MODE, folders
 from datamount.read.blocks import BlockData, BlockKey, ObjectId
 from datamount.read.copy import PAGE, copy_into, page_aligned
 
@@ -175,14 +177,14 @@ class BlockFiles:
             try:
                 if self.tmpfile:
                     try:
-                        return os.open(self._tmp, flags | os.O_TMPFILE, 0o644), None, direct
+                        return os.open(self._tmp, flags | os.O_TMPFILE, FILE_MODE), None, direct
                     except OSError as exc:
                         if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR):
                             raise
                         log.info("disk cache: O_TMPFILE unavailable in %s", self.root)
                         self.tmpfile = False
                 tmp = f"{self._tmp}/{name}.{threading.get_ident()}.tmp"
-                return os.open(tmp, flags | os.O_CREAT | os.O_TRUNC, 0o644), tmp, direct
+                return os.open(tmp, flags | os.O_CREAT | os.O_TRUNC, FILE_MODE), tmp, direct
             except OSError as exc:
                 if not direct or exc.errno != errno.EINVAL:
                     raise
@@ -234,7 +236,7 @@ class BlockFiles:
         try:
             how(src, rel, dst_dir_fd=fd)
         except FileNotFoundError:  # the folder's first block (no mkdir per block)
-            os.makedirs(f"{self.prefix}{rel[0:2]}", exist_ok=True)
+            folders(f"{self.prefix}{rel[0:2]}")
             how(src, rel, dst_dir_fd=fd)
         except FileExistsError:  # link only: a file the index did not know; ours wins
             os.unlink(rel, dir_fd=fd)

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from datamount.budget import DISK_QUEUE, MemoryBudget
+from datamount.private import folders
 from datamount.read.blocks import BlockData, BlockKey
 from datamount.read.cache import blockfile
 from datamount.read.cache.blockfile import (
@@ -105,9 +106,9 @@ class DiskCache:
         self._stats = stats
         self._free = free_bytes or (lambda: _free_bytes(self.root))
         self._tmp = self.root / TMP_DIR
-        self.root.mkdir(parents=True, exist_ok=True)
+        folders(self.root)  # private: datamount.private
         shutil.rmtree(self._tmp, ignore_errors=True)  # leftovers of a killed process
-        self._tmp.mkdir(exist_ok=True)
+        folders(self._tmp)
         self._files = BlockFiles(self.root)  # closed by close(), after the writers
 
         self._lock = threading.Lock()  # guards _index, _used, _in_flight
