@@ -132,7 +132,7 @@ def test_access_defaults_options_and_log_line() -> None:
     assert (ro.uid, ro.gid) == (os.geteuid(), os.getegid())
     assert (ro.file_mode, ro.dir_mode, ro.fuse_options()) == (0o444, 0o555, {})
     rw = mount_access(writable=True)
-    assert (rw.file_mode, rw.dir_mode) == (0o644, 0o755)
+    assert (rw.file_mode, rw.dir_mode) == (0o755, 0o755)
     assert ro.describe() == (
         f"owner {os.geteuid()}:{os.getegid()}, files 0444, folders 0555, only the mounting user"
     )
@@ -230,17 +230,17 @@ def test_rw_mount_default_modes_and_what_nobody_may_do(
     mount(output_spec(tmp_path), mp, env)
     (mp / "new.txt").write_bytes(b"written by root")
     os.mkdir(mp / "made")
-    assert stat.S_IMODE(os.stat(mp / "new.txt").st_mode) == 0o644
-    assert stat.S_IMODE(os.stat(mp / "a.txt").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(mp / "new.txt").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(mp / "a.txt").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(mp / "made").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(mp).st_mode) == 0o755
     assert nobody_reads(mp / "new.txt") == b"written by root"
-    # 0644 / 0755 of root: nobody reads, but neither writes nor creates
+    # 0755 / 0755 of root: nobody reads, but neither writes nor creates
     wrote = as_nobody("sh", "-c", f"echo x >> '{mp / 'new.txt'}'")
     assert wrote.returncode != 0 and b"Permission denied" in wrote.stderr
     made = as_nobody("touch", str(mp / "by-nobody.txt"))
     assert made.returncode != 0 and b"Permission denied" in made.stderr
-    assert "files 0644, folders 0755, allow_other (default_permissions)" in runtime_log(shared)
+    assert "files 0755, folders 0755, allow_other (default_permissions)" in runtime_log(shared)
     unmount(shared_mounts, mp, env)
     assert container.download_blob("ds/new.txt").readall() == b"written by root"
     assert open_entries(shared / "cache") == []  # staging and journal too

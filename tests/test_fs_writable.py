@@ -178,14 +178,14 @@ def test_backslash_names_are_einval_and_files_show_the_mount_modes(tmp_path: Pat
     assert errno_of(fs.rename, "/f", "/g\\h") == errno.EINVAL
     assert [o.key for p in store.list_pages("out/") for o in p.objects] == ["out/f"]
     assert [n for n, _, _ in fs.readdir(fs.opendir("/"), 0) if n not in (".", "..")] == ["f"]
-    # blobs have no mode: files show 0644, folders 0755 (the rw_mount defaults)
+    # blobs have no mode: files show 0755 (a script written here can run), as do folders
     write_file(fs, "/run.sh", b"#!/bin/sh\necho hi\n")
     fs.mkdir("/d", 0o700)
-    assert fs.getattr("/run.sh")["st_mode"] == stat.S_IFREG | 0o644
-    assert fs.getattr("/f")["st_mode"] == stat.S_IFREG | 0o644
+    assert fs.getattr("/run.sh")["st_mode"] == stat.S_IFREG | 0o755
+    assert fs.getattr("/f")["st_mode"] == stat.S_IFREG | 0o755
     assert fs.getattr("/d")["st_mode"] == stat.S_IFDIR | 0o755
-    assert fs.chmod("/run.sh", 0o755) == 0  # accepted, changes nothing
-    assert fs.getattr("/run.sh")["st_mode"] == stat.S_IFREG | 0o644
+    assert fs.chmod("/run.sh", 0o600) == 0  # accepted, changes nothing
+    assert fs.getattr("/run.sh")["st_mode"] == stat.S_IFREG | 0o755
 
 
 def test_local_store_folders_are_directories(tmp_path: Path) -> None:

@@ -200,7 +200,7 @@ def test_names_change_in_storage(
 def test_backslash_refused_and_scripts_run_from_the_mount(
     azurite, container, azure_store: ObjectStore, tmp_path: Path, mounts: Mounts
 ) -> None:  # noqa: ANN001
-    env = env_for(azurite, tmp_path, container, DATAMOUNT_MOUNT_FILE_MODE="0755")
+    env = env_for(azurite, tmp_path, container)
     mp = mounts.point(tmp_path / "mnt")
     mount_ok(tmp_path, mp, env)
     for make in (lambda p: p.write_bytes(b"x"), os.mkdir):
@@ -213,8 +213,7 @@ def test_backslash_refused_and_scripts_run_from_the_mount(
     assert caught.value.errno == errno.EINVAL
     assert os.listdir(mp) == ["ok.txt"]
     assert [b.name for b in container.list_blobs()] == ["out/ok.txt"]
-    # a script written to the output runs from it (DATAMOUNT_MOUNT_FILE_MODE=0755:
-    # files show 0755 instead of 0644; chmod is ignored)
+    # a script written to the output runs from it (files show 0755; chmod is ignored)
     script = mp / "run.sh"
     script.write_text("#!/bin/sh\necho ran $1\n")
     os.chmod(script, 0o755)

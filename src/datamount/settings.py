@@ -544,7 +544,7 @@ class Settings(BaseModel):
         alias="DATAMOUNT_MOUNT_FILE_MODE",
         description=(
             "Permission bits of a mount's files, in octal; unset: 0444 on a read-only mount, "
-            "0644 on an rw_mount."
+            "0755 on an rw_mount (a script written to an output runs)."
         ),
     )
     mount_dir_mode: OptionalMode = Field(
@@ -763,7 +763,7 @@ _UNSET = {
     "attribute_cache_ttl_ms": "never",
     "mount_uid": "the mounting user",
     "mount_gid": "the mounting user's group",
-    "mount_file_mode": "0444 (rw_mount 0644)",
+    "mount_file_mode": "0444 (rw_mount 0755)",
     "mount_dir_mode": "0555 (rw_mount 0755)",
 }
 

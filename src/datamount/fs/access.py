@@ -8,7 +8,8 @@ the daemon. DATAMOUNT_MOUNT_ALLOW_OTHER opens it, always together with
 `default_permissions`, so the kernel checks the owner, group and modes shown
 here on every access; the daemon itself checks none. DATAMOUNT_MOUNT_UID /
 _GID / _FILE_MODE / _DIR_MODE set what is shown (unset: the mounting user,
-0444 / 0555 read-only, 0644 / 0755 rw_mount).
+0444 / 0555 read-only, 0755 / 0755 rw_mount: a script written to an
+output runs from it, as before these settings).
 
 No threads, no state: an `Access` is a frozen value.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from datamount.settings import Settings
 
 RO_FILE_MODE, RO_DIR_MODE = 0o444, 0o555
-RW_FILE_MODE, RW_DIR_MODE = 0o644, 0o755
+RW_FILE_MODE, RW_DIR_MODE = 0o755, 0o755
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ One job: the write side of the FUSE filesystem, testable without a kernel
   not atomic; a local output path has real directories). `unlink` deletes.
 - A uri_file output (`namespace.file_key`) shows its one name (others: EACCES).
 - chmod, chown and utimens are accepted and ignored: blobs have no mode, so
-  every file shows the mount's file mode (`fs.access`: by default 0644, and
-  0755 for folders; DATAMOUNT_MOUNT_FILE_MODE=0755 makes scripts runnable).
+  every file shows the mount's file mode (`fs.access`: by default 0755, so
+  a script written to an output runs; folders 0755).
 - New names with a backslash are EINVAL, names not valid UTF-8 EILSEQ.
 - Every change here invalidates the namespace's caches.
 
@@ -77,7 +77,7 @@ class WritableFS(ReadOnlyFS):
         access: Access | None = None,
         folders: Folders | None = None,
     ) -> None:
-        """`access`: by default the mounting user, files 0644, folders 0755."""
+        """`access`: by default the mounting user, files 0755, folders 0755."""
         if access is None:
             access = mount_access(writable=True)
         super().__init__(namespace, reader, store_id=store_id, access=access)
