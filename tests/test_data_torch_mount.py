@@ -183,7 +183,9 @@ dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_torchrun_ranks_share_a_mount_and_a_killed_rank_resumes(mounted_data, tmp_path: Path) -> None:  # noqa: ANN001
+def test_torchrun_ranks_share_a_mount_and_a_killed_rank_resumes(
+    mounted_data, tmp_path: Path
+) -> None:  # noqa: ANN001
     mp, _ = mounted_data
     script, out = tmp_path / "train.py", tmp_path / "out"
     script.write_text(RANK_SCRIPT)
@@ -209,3 +211,30 @@ def test_torchrun_ranks_share_a_mount_and_a_killed_rank_resumes(mounted_data, tm
                               buffer_size=16)  # fmt: skip
         assert d["seen"] == ids(alone)
     assert sorted(i for d in done for i in d["seen"]) == IDS
+
+
+def test_hugging_face_streaming_split_by_node_over_the_mount(mounted_data) -> None:  # noqa: ANN001
+    """`load_dataset(..., streaming=True)` over the mounted files, split over 4
+    ranks with `split_dataset_by_node`: every record once across the ranks; a
+    rank's `state_dict()` mid-stream resumes it exactly (datasets >= 2.18)."""
+    datasets = pytest.importorskip("datasets")
+    from datasets.distributed import split_dataset_by_node
+
+    mp, _ = mounted_data
+    files = sorted(str(p) for p in (mp / "csv").glob("*.csv"))
+
+    def rank_stream(rank: int) -> object:
+        stream = datasets.load_dataset("csv", data_files=files, split="train", streaming=True)
+        return split_dataset_by_node(stream, rank=rank, world_size=4)
+
+    shards = [[int(r["id"]) for r in rank_stream(rank)] for rank in range(4)]  # type: ignore[attr-defined]
+    assert sorted(i for shard in shards for i in shard) == IDS
+    assert all(len(shard) == 3 * ROWS for shard in shards)  # 12 files: 3 per rank
+
+    stream = rank_stream(1)
+    it = iter(stream)  # type: ignore[call-overload]
+    first = [int(next(it)["id"]) for _ in range(70)]
+    state = stream.state_dict()  # type: ignore[attr-defined]
+    again = rank_stream(1)
+    again.load_state_dict(state)  # type: ignore[attr-defined]
+    assert first + [int(r["id"]) for r in again] == shards[1]  # type: ignore[attr-defined]
