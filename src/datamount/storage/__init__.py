@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, ReadableStore, WritableStore
 from datamount.storage.location import StorageKind, StorageLocation
-from datamount.storage.retry import RetryPolicy
+from datamount.storage.retry import DEFAULT_MIN_SECONDS, RetryPolicy
 
 if TYPE_CHECKING:
     from datamount.settings import Settings
@@ -47,7 +47,7 @@ def open_store(
     it is abandoned (and retried as a transient error). HTTPS trusts the
     system store plus `ca_bundle` (REQUESTS_CA_BUNDLE; see storage.tls).
     """
-    retry = retry or RetryPolicy()
+    retry = retry or RetryPolicy(min_seconds=DEFAULT_MIN_SECONDS)
     if location.kind is StorageKind.LOCAL:
         from datamount.storage.local import LocalStore
 
