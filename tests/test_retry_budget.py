@@ -205,9 +205,9 @@ def test_giving_up_ends_the_outage_with_one_line(caplog: pytest.LogCaptureFixtur
         now[0] += seconds
 
     policy = RetryPolicy(retries=2, sleep=sleep, min_seconds=5.0, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="datamount.retry"):
-        with pytest.raises(StorageError, match=r"gave up after \d+ retries in 5\.0 s"):
-            policy.call(down, description="read 'b'")
+    gave_up = pytest.raises(StorageError, match=r"gave up after \d+ retries in 5\.0 s")
+    with caplog.at_level(logging.WARNING, logger="datamount.retry"), gave_up:
+        policy.call(down, description="read 'b'")
     assert retry_lines(caplog)[1:] == [
         "storage still unreachable after 5.0 s: gave up (1 request retried)"
     ]
@@ -263,3 +263,26 @@ def test_a_throttled_caller_is_not_woken_early() -> None:
     t.join(10)
     assert len(calls) == 2
     assert calls[1] - calls[0] >= 1.0  # equal jitter: at least half of the 2 s cap
+
+
+def test_a_worker_process_opens_its_store_with_the_same_budget() -> None:
+    """The lanes' worker processes rebuild the policy from the store's recipe."""
+    from datamount.storage.azure_blob import AzureBlobStore
+    from datamount.storage.credentials import Credential
+    from datamount.storage.http import HttpStore
+
+    policy = RetryPolicy(retries=3, base_delay=0.5, max_delay=9.0, min_seconds=12.0)
+    endpoint = "http://127.0.0.1:9/devstoreaccount1"  # never asked: nothing is read
+    store = AzureBlobStore(endpoint, "c", Credential.account_key("a2V5"), account="acct",
+                           retry=policy)  # fmt: skip
+    recipe = store.recipe()
+    assert recipe is not None and recipe.retry == (3, 0.5, 9.0, 12.0)
+    twin = recipe.open()
+    assert repr(twin.retry) == repr(policy)
+    assert twin.retry is not policy  # its own outage and counters, in its own process
+    # a store opened without a policy (the Python API) gets the settings' default budget
+    bare = AzureBlobStore(endpoint, "c2")
+    site = HttpStore("http://127.0.0.1:9")
+    assert bare.retry.min_seconds == site.retry.min_seconds == DEFAULT_MIN_SECONDS
+    for s in (twin, store, bare, site):
+        s.close()
