@@ -186,15 +186,16 @@ class RetryPolicy:
             state.started = now
         generation = self.outage.failed(exc, state.attempt)
         elapsed = max(state.waited, now - state.started)
-        if state.attempt >= self.retries and elapsed >= self.min_seconds:
+        # (a microsecond's grace: waits that add up to the budget in floats)
+        if state.attempt >= self.retries and elapsed >= self.min_seconds - 1e-6:
             self.stats.add(exhausted=1)
             self.outage.leave(answered=False)
             raise _final(exc, state.attempt, what, elapsed) from exc
         retry_after = exc.retry_after if isinstance(exc, StorageError) else None
         delay = self.backoff(state.attempt, retry_after)
         if state.attempt >= self.retries and not retry_after:
-            # The count is spent: the last waits fill the budget, no more.
-            delay = min(delay, max(self.min_seconds - elapsed, self.base_delay))
+            # The count is spent: the last wait fills the budget, no more.
+            delay = min(delay, self.min_seconds - elapsed)
         throttled = _status(exc) in THROTTLE_STATUSES
         self.stats.add(retries=1, throttled=int(throttled))
         state.attempt += 1
@@ -269,7 +270,7 @@ class Outage:
                 )
                 log.warning(
                     "storage unreachable since %s: %s; %s",
-                    time.strftime("%H:%M:%S", time.localtime(self._wall)),
+                    time.strftime("%H:%M:%S", time.gmtime(self._wall)),  # UTC, as the log
                     _describe(exc),
                     budget,
                 )
