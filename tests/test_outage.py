@@ -186,6 +186,7 @@ def test_an_8s_outage_under_a_download_and_a_mount_read_is_ridden_out_10_times(
     assert stats["fs"]["read_errors"] == 0
     assert stats["cache"]["exhausted"] == 0
     assert stats["cache"]["retries"] >= RUNS  # each run's read waited out the outage
+    assert stats["cache"]["outages"] == RUNS
     # One start and one end line per outage: of each download, of the daemon's policy.
     lines = outage_lines(tmp_path / "cache" / "logs" / "datamount-runtime.log")
     for who in ("download", "mount"):

@@ -289,3 +289,12 @@ def test_a_worker_process_opens_its_store_with_the_same_budget() -> None:
     assert bare.retry.min_seconds == site.retry.min_seconds == DEFAULT_MIN_SECONDS
     for s in (twin, store, bare, site):
         s.close()
+
+
+def test_a_mounts_outages_are_a_metric() -> None:
+    from datamount.metrics import MountCollector
+
+    collector = MountCollector(lambda: {"cache": {"outages": 3, "retries": 40}}, None)
+    values = {m.name: m.samples[0].value for m in collector.collect() if m.samples}
+    assert values["datamount_storage_outages"] == 3
+    assert values["datamount_storage_retries"] == 40
