@@ -4,6 +4,7 @@ again, and the policy the settings build."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import re
@@ -298,3 +299,24 @@ def test_a_mounts_outages_are_a_metric() -> None:
     values = {m.name: m.samples[0].value for m in collector.collect() if m.samples}
     assert values["datamount_storage_outages"] == 3
     assert values["datamount_storage_retries"] == 40
+
+
+def test_the_copies_behind_a_replica_store_fail_over_after_the_count() -> None:
+    """A replica set rides out an outage of one copy by failing over, not by
+    waiting: each copy's policy has no budget, the counters are the input's."""
+    from datamount.storage import store_for
+    from datamount.storage.location import StorageKind, StorageLocation
+    from datamount.storage.replicas import ReplicaStore
+
+    a = StorageLocation(StorageKind.HTTP, "http://127.0.0.1:9/a/f.bin")
+    b = StorageLocation(StorageKind.HTTP, "http://127.0.0.1:8/b/f.bin")
+    policy = RetryPolicy.from_settings(Settings.from_env({}))
+    store = store_for(Settings.from_env({}), dataclasses.replace(a, replicas=(a, b)), policy)
+    assert isinstance(store, ReplicaStore)
+    inner = [r.store.retry for r in store.replicas]  # type: ignore[attr-defined]
+    assert [(p.retries, p.min_seconds) for p in inner] == [(7, 0.0), (7, 0.0)]
+    assert all(p.stats is policy.stats for p in inner)
+    store.close()
+    single = store_for(Settings.from_env({}), a, policy)
+    assert single.retry is policy  # type: ignore[attr-defined]
+    single.close()

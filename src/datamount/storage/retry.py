@@ -141,6 +141,17 @@ class RetryPolicy:
         repeats and DATAMOUNT_RETRY_MIN_SECONDS, whichever is later."""
         return cls(retries=settings.http_retry_count, min_seconds=settings.retry_min_seconds)
 
+    def without_budget(self) -> RetryPolicy:
+        """This policy giving up after its count alone, its counters shared:
+        for the stores behind a ReplicaStore, which fails over to another
+        copy rather than wait out an outage of one."""
+        twin = RetryPolicy(
+            self.retries, self.base_delay, self.max_delay, self._sleep, self._rng,
+            max_retry_after=self.max_retry_after, clock=self.clock,
+        )  # fmt: skip
+        twin.stats = self.stats
+        return twin
+
     def __repr__(self) -> str:
         return (
             f"RetryPolicy(retries={self.retries}, base_delay={self.base_delay}, "
