@@ -17,7 +17,10 @@ chunked, relayed as they arrive). Rules, each consumed as it fires:
 - `fail_writes(n, status=503)`: the next `n` PUTs (Put Blob, Put Block, Put
   Block List) are answered `status` with `Retry-After: 0` (never forwarded);
 - `deny_writes(blob, status=403)`: every PUT of a blob whose path ends with
-  `/blob` is answered `status` until `allow_writes(blob)`.
+  `/blob` is answered `status` until `allow_writes(blob)`;
+- `down()` / `up()` / `outage(seconds)`: storage unreachable at the TCP
+  level: connections refused, open ones reset, then served again on the
+  same port.
 
 `requests` records (method, path, range, status) of every answer, `reset()`
 forgets them. Threads: the accept loop and one daemon thread per client
@@ -32,6 +35,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -175,6 +179,7 @@ class FaultProxy:
             allow_reuse_address = True
 
         self._server = Server(("127.0.0.1", 0), Handler)
+        self._listen = lambda port: Server(("127.0.0.1", port), Handler)  # up() after down()
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="faultproxy", daemon=True
@@ -219,6 +224,42 @@ class FaultProxy:
         """(failures, resets) still to fire."""
         with self._lock:
             return len(self._fail), self._resets
+
+    # -- outages ---------------------------------------------------------------
+
+    def down(self) -> None:
+        """Storage unreachable at the TCP level: the listening socket closes
+        (a new connection is refused) and every open connection is reset
+        (RST), whatever it was doing, until `up()`."""
+        # A listening socket shut down refuses at once (and wakes the accept loop).
+        with contextlib.suppress(OSError):
+            self._server.socket.shutdown(socket.SHUT_RDWR)
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                # SO_LINGER 0: the handler's close() sends RST; SHUT_RD wakes it.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.shutdown(socket.SHUT_RD)
+
+    def up(self) -> None:
+        """Listen again, on the same port, after `down()`."""
+        self._server = self._listen(self.port)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="faultproxy", daemon=True
+        )
+        self._thread.start()
+
+    def outage(self, seconds: float) -> None:
+        """`down()` for `seconds`, then `up()`."""
+        self.down()
+        try:
+            time.sleep(seconds)
+        finally:
+            self.up()
 
     # -- what happened -------------------------------------------------------
 

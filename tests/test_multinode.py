@@ -127,6 +127,7 @@ def _env(tmp_path: Path, accounts: dict, rank: int) -> dict[str, str]:
         "DATAMOUNT_WORKSPACE": str(tmp_path / "ws.yaml"),
         "DATAMOUNT_CACHE_DIR": str(tmp_path / f"cache{rank}"),
         "AZUREML_DATASET_HTTP_RETRY_COUNT": "1",  # a 503 account is given up on fast
+        "DATAMOUNT_RETRY_MIN_SECONDS": "0",
         "RANK": str(rank),
         "WORLD_SIZE": str(NODES),
     }

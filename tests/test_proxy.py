@@ -38,7 +38,7 @@ TREE = {"ds/a.txt": b"alpha\n", "ds/sub/b.bin": os.urandom(300_000)}
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY")
 TRUST_VARS = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 PASSWORD = "pr0xy-s3cret-Pw"
-FAST = {"AZUREML_DATASET_HTTP_RETRY_COUNT": "0"}
+FAST = {"AZUREML_DATASET_HTTP_RETRY_COUNT": "0", "DATAMOUNT_RETRY_MIN_SECONDS": "0"}
 
 
 def free_port() -> int:

@@ -334,7 +334,9 @@ def test_transient_failure_preparing_an_input_is_tried_again(
 ) -> None:
     via = SimpleNamespace(account=azurite.account, key=azurite.key, endpoint=proxy.endpoint)
     # No request-level retries: the 503 reaches the job runner, which tries the input again.
-    env = mount_env(via, tmp_path, seeded, AZUREML_DATASET_HTTP_RETRY_COUNT="0")
+    env = mount_env(
+        via, tmp_path, seeded, AZUREML_DATASET_HTTP_RETRY_COUNT="0", DATAMOUNT_RETRY_MIN_SECONDS="0"
+    )
     workdir = tmp_path / "work"
     proxy.fail_ranged(1, status=503)
     out = datamount("run", str(cfg_only_job(tmp_path)), "--workdir", str(workdir), env=env)
@@ -393,7 +395,9 @@ def test_sigterm_while_preparing_undoes_what_was_prepared(
     azurite, container, seeded, tmp_path: Path, proxy: FaultProxy, mounts: Mounts
 ) -> None:
     via = SimpleNamespace(account=azurite.account, key=azurite.key, endpoint=proxy.endpoint)
-    env = mount_env(via, tmp_path, seeded, AZUREML_DATASET_HTTP_RETRY_COUNT="0")
+    env = mount_env(
+        via, tmp_path, seeded, AZUREML_DATASET_HTTP_RETRY_COUNT="0", DATAMOUNT_RETRY_MIN_SECONDS="0"
+    )
     marker = tmp_path / "ran"
     job = job_file(tmp_path, f"touch {marker}")
     workdir = tmp_path / "work"
@@ -474,7 +478,13 @@ def test_failed_upload_keeps_the_data_and_unmount_retries_it(
     scratch.mkdir()
     via = SimpleNamespace(account=azurite.account, key=azurite.key, endpoint=proxy.endpoint)
     env = {
-        **mount_env(via, tmp_path, seeded, AZUREML_DATASET_HTTP_RETRY_COUNT="0"),
+        **mount_env(
+            via,
+            tmp_path,
+            seeded,
+            AZUREML_DATASET_HTTP_RETRY_COUNT="0",
+            DATAMOUNT_RETRY_MIN_SECONDS="0",
+        ),
         "TMPDIR": str(scratch),
     }
     outs = {"model": {"type": "uri_folder", "mode": "upload", "name": "kept",

@@ -51,7 +51,11 @@ def env_for(azurite, tmp_path: Path, container, *, via=None, **extra: str) -> di
     service = azurite
     if via is not None:
         service = SimpleNamespace(account=azurite.account, key=azurite.key, endpoint=via.endpoint)
-    base = {"AZUREML_DATASET_HTTP_RETRY_COUNT": "3", "DATASET_UNMOUNT_TIMEOUT_SECONDS": "10"}
+    base = {
+        "AZUREML_DATASET_HTTP_RETRY_COUNT": "3",
+        "DATAMOUNT_RETRY_MIN_SECONDS": "0",
+        "DATASET_UNMOUNT_TIMEOUT_SECONDS": "10",
+    }
     return mount_env(service, tmp_path, container.container_name, **{**base, **extra})
 
 

@@ -159,6 +159,8 @@ class MountCollector(Collector):
                        c("throttled", 0))  # fmt: skip
         yield _counter("storage_retries_exhausted", "Storage calls that spent every retry.",
                        c("exhausted", 0))  # fmt: skip
+        yield _counter("storage_outages", "Storage outages: a request failed twice in a row.",
+                       c("outages", 0))  # fmt: skip
         yield _counter("storage_read_busy_seconds",
                        "Seconds spent in ranged storage reads, summed over read threads.",
                        c("fetch_us", 0) / 1e6)  # fmt: skip

@@ -110,7 +110,7 @@ class Context:
         return int(raw)
 
     def retry(self) -> RetryPolicy:
-        return RetryPolicy(retries=self.settings.http_retry_count)
+        return RetryPolicy.from_settings(self.settings)
 
     def store(self, location: StorageLocation, retry: RetryPolicy) -> ObjectStore:
         return store_for(self.settings, location, retry)

@@ -148,7 +148,8 @@ def _snapshot(plan: MountPlan, stack: Stack) -> Callable[[], dict[str, Any]]:
 
 def _retries(stack: Stack) -> dict[str, int]:
     retry = stack.retry.stats
-    return {"retries": retry.retries, "throttled": retry.throttled, "exhausted": retry.exhausted}
+    return {"retries": retry.retries, "throttled": retry.throttled, "exhausted": retry.exhausted,
+            "outages": retry.outages}  # fmt: skip
 
 
 def _budget(stack: Stack) -> dict[str, Any]:

@@ -301,7 +301,7 @@ def build(plan: MountPlan) -> Stack:
     """The stack of `plan`: ro_mount, eval_mount or rw_mount."""
     settings = plan.settings
     location = plan.location
-    retry = RetryPolicy(retries=settings.http_retry_count)
+    retry = RetryPolicy.from_settings(settings)
     cleanup = contextlib.ExitStack()
     try:
         root: str | None = None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, ReadableStore, WritableStore
 from datamount.storage.location import StorageKind, StorageLocation
-from datamount.storage.retry import RetryPolicy
+from datamount.storage.retry import DEFAULT_MIN_SECONDS, RetryPolicy
 
 if TYPE_CHECKING:
     from datamount.settings import Settings
@@ -47,7 +47,7 @@ def open_store(
     it is abandoned (and retried as a transient error). HTTPS trusts the
     system store plus `ca_bundle` (REQUESTS_CA_BUNDLE; see storage.tls).
     """
-    retry = retry or RetryPolicy()
+    retry = retry or RetryPolicy(min_seconds=DEFAULT_MIN_SECONDS)
     if location.kind is StorageKind.LOCAL:
         from datamount.storage.local import LocalStore
 
@@ -82,10 +82,11 @@ def store_for(settings: Settings, location: StorageLocation, retry: RetryPolicy)
 
     A location with replicas (inside the first copy's store) gets a
     ReplicaStore over one store per copy, reading `location.prefer` first
-    (storage.replicas)."""
+    (storage.replicas): its copies give up after the retry count alone,
+    failing over instead of waiting out DATAMOUNT_RETRY_MIN_SECONDS."""
     pool = max(settings.downloader_threads, settings.read_threads)
 
-    def one(copy: StorageLocation) -> ObjectStore:
+    def one(copy: StorageLocation, retry: RetryPolicy = retry) -> ObjectStore:
         return open_store(
             copy,
             pool_size=pool,
@@ -100,5 +101,6 @@ def store_for(settings: Settings, location: StorageLocation, retry: RetryPolicy)
     from datamount.storage.replicas import Replica, ReplicaStore
 
     return ReplicaStore(
-        [Replica(one(copy), copy.key, copy.uri()) for copy in copies], preferred=location.prefer
+        [Replica(one(copy, retry.without_budget()), copy.key, copy.uri()) for copy in copies],
+        preferred=location.prefer,
     )

@@ -54,7 +54,7 @@ from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, check_rang
 from datamount.storage.credentials import Credential, CredentialKind
 from datamount.storage.errormap import translate
 from datamount.storage.location import StorageLocation
-from datamount.storage.retry import RetryPolicy, RetryStats
+from datamount.storage.retry import DEFAULT_MIN_SECONDS, RetryPolicy, RetryStats
 
 __all__ = ["AzureBlobStore", "account_of"]
 
@@ -83,7 +83,7 @@ class AzureBlobStore(ObjectStore):
         self.container = container
         self.credential = credential or Credential.anonymous()
         self.root = f"{self.endpoint}/{container}"
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or RetryPolicy(min_seconds=DEFAULT_MIN_SECONDS)
         self.read_timeout = read_timeout
         self._shared = acquire(
             self.endpoint, container, self.credential, account, pool_size, ca_bundle
@@ -94,7 +94,8 @@ class AzureBlobStore(ObjectStore):
         self._closed = False
         self._recipe = AzureRecipe(
             self.endpoint, container, self.credential, account, pool_size, read_timeout, ca_bundle,
-            (self.retry.retries, self.retry.base_delay, self.retry.max_delay),
+            (self.retry.retries, self.retry.base_delay, self.retry.max_delay,
+             self.retry.min_seconds),
         )  # fmt: skip
 
     def recipe(self) -> AzureRecipe | None:
@@ -368,13 +369,14 @@ class AzureRecipe:
     pool_size: int
     read_timeout: float
     ca_bundle: Path | None
-    retry: tuple[int, float, float]  # RetryPolicy's retries, base_delay, max_delay
+    retry: tuple[int, float, float, float]  # RetryPolicy's retries, base_delay, max_delay,
+    # min_seconds
 
     def open(self, pool_size: int | None = None) -> AzureBlobStore:
-        retries, base, most = self.retry
+        retries, base, most, least = self.retry
         return AzureBlobStore(
             self.endpoint, self.container, self.credential, account=self.account,
             pool_size=pool_size or self.pool_size, read_timeout=self.read_timeout,
             ca_bundle=self.ca_bundle,
-            retry=RetryPolicy(retries, base, most),
+            retry=RetryPolicy(retries, base, most, min_seconds=least),
         )  # fmt: skip

@@ -37,7 +37,7 @@ from datamount.errors import ObjectNotFound, ReadOnlyError, StorageError, Versio
 from datamount.storage import sessions
 from datamount.storage.base import ListPage, ObjectInfo, ReadOnlyStore, check_range
 from datamount.storage.errormap import error_for_status, translate
-from datamount.storage.retry import RetryPolicy, RetryStats
+from datamount.storage.retry import DEFAULT_MIN_SECONDS, RetryPolicy, RetryStats
 
 CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 30.0  # seconds without a byte before a request is abandoned
@@ -81,7 +81,7 @@ class HttpStore(ReadOnlyStore):
     ) -> None:
         self.root = root.rstrip("/")
         self.timeout = (CONNECT_TIMEOUT, read_timeout)  # requests: (connect, between bytes)
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or RetryPolicy(min_seconds=DEFAULT_MIN_SECONDS)
         self.supports_ranges = True
         self._own_session = session is None
         self.session = session or requests.Session()
