@@ -358,7 +358,7 @@ def test_reserved_free_space_keeps_the_cache_off_the_disk(
     body = rng.randbytes(5 * BS + 1)
     azurite.seed(container, {"ds/f.bin": body})
     # More than any disk has free: the cache may not write a byte.
-    env = env_for(azurite, tmp_path, container, DATASET_RESERVED_FREE_DISK_SPACE="100000TB",
+    env = env_for(azurite, tmp_path, container, DATASET_RESERVED_FREE_DISK_SPACE="1000TB",
                   DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED=str(mode == "block").lower())  # fmt: skip
     cache = tmp_path / "cache"
     mp = mounts.point(tmp_path / "mnt")

@@ -113,7 +113,7 @@ def test_a_retry_count_of_one_and_no_budget_fails_fast() -> None:
 
 def test_the_settings_default_is_the_stores_default() -> None:
     policy = RetryPolicy.from_settings(Settings.from_env({}))
-    assert (policy.retries, policy.min_seconds) == (7, DEFAULT_MIN_SECONDS) == (7, 60.0)
+    assert (policy.retries, policy.min_seconds) == (7, DEFAULT_MIN_SECONDS) == (7, 90.0)
     env = {"AZUREML_DATASET_HTTP_RETRY_COUNT": "3", "DATAMOUNT_RETRY_MIN_SECONDS": "12.5"}
     assert repr(RetryPolicy.from_settings(Settings.from_env(env))) == (
         "RetryPolicy(retries=3, base_delay=0.2, max_delay=30.0, min_seconds=12.5)"

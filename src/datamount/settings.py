@@ -366,9 +366,10 @@ class Settings(BaseModel):
         7,
         alias="AZUREML_DATASET_HTTP_RETRY_COUNT",
         description=(
-            "Retries of one storage request on a transient failure (connection reset, "
-            "timeout, 408, 429, 500, 502, 503, 504), with exponential backoff, full jitter "
-            "and `Retry-After`."
+            "Retries of one storage request on a transient failure (connection refused or "
+            "reset, timeout, 408, 429, 500, 502, 503, 504), with exponential backoff, equal "
+            "jitter and `Retry-After`, and at least until DATAMOUNT_RETRY_MIN_SECONDS have "
+            "passed."
         ),
     )
     # None: attributes never expire (read-only mounts); rw mounts pick a finite TTL.
@@ -509,7 +510,7 @@ class Settings(BaseModel):
 
     # Retries ride out an outage of at least this long (storage.retry).
     retry_min_seconds: Seconds = Field(
-        60.0,
+        90.0,
         alias="DATAMOUNT_RETRY_MIN_SECONDS",
         description=(
             "A transient storage failure is retried until at least this many seconds have "

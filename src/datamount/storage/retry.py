@@ -44,9 +44,9 @@ THROTTLE_STATUSES = frozenset({429, 503})
 # next attempt then gets its own answer, and a job is never parked for an hour
 # on one bad header.
 MAX_RETRY_AFTER = 60.0
-# Why 60 s: docs/storage.md ("Retries"): the Azure Storage SDK's ExponentialRetry
-# waits 15, 18 and 24 s (57 s) before it gives up.
-DEFAULT_MIN_SECONDS = 60.0
+# Why 90 s: docs/storage.md ("Retries"): the Azure Storage SDK's ExponentialRetry
+# waits 18, 24 and 42 s (84 s, 75-93 s with its jitter) before it gives up.
+DEFAULT_MIN_SECONDS = 90.0
 
 
 @dataclass
