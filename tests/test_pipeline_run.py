@@ -155,8 +155,7 @@ def test_bad_pipelines_exit_2_before_any_step(tmp_path: Path, azurite, container
     jobs = {
         "a": step(f"touch {marker}", {"x": "${{parent.jobs.b.outputs.o}}"}, {"o": {}}),
         "b": step("true", {"x": "${{parent.jobs.a.outputs.o}}"}, {"o": {}}),
-        "c": step("true", {"x": "${{parent.jobs.zz.outputs.o}}",
-                           "y": {"type": "uri_file", "path": "${{parent.jobs.a.outputs.o}}"}}),
+        "c": step("true", {"x": "${{parent.jobs.zz.outputs.o}}"}),
         "s": {"type": "spark", "inputs": {}},
     }  # fmt: skip
     out = datamount("run", str(write(tmp_path / "bad.yml", {"type": "pipeline", "jobs": jobs})),
@@ -165,8 +164,26 @@ def test_bad_pipelines_exit_2_before_any_step(tmp_path: Path, azurite, container
     lines = out.stderr.splitlines()
     assert any("jobs: a cycle: " in line for line in lines), lines
     assert any("jobs.c.inputs.x: ${{parent.jobs.zz.outputs.o}} names no step" in x for x in lines)
-    assert any("is a uri_folder, but the input is a uri_file" in line for line in lines), lines
     assert not marker.exists()
+    # A type mismatch across a binding: `validate` warns (the SDK's load accepts
+    # it), `run` refuses it before any step.
+    mismatch = {
+        "a": step(f"touch {marker}", {}, {"o": {}}),
+        "c": step("true", {"y": {"type": "uri_file", "path": "${{parent.jobs.a.outputs.o}}"}}),
+    }
+    spec = write(tmp_path / "mismatch.yml", {"type": "pipeline", "jobs": mismatch})
+    out = datamount("validate", str(spec), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        "datamount: warning: jobs.c.inputs.y: ${{parent.jobs.a.outputs.o}} is a uri_folder, "
+        "but the input is a uri_file (`run` refuses it)"
+    ]
+    out = datamount("run", str(spec), env=env)
+    assert out.returncode == 2 and not marker.exists()
+    assert out.stderr.splitlines()[-1] == (
+        "datamount: error: jobs.c.inputs.y: ${{parent.jobs.a.outputs.o}} is a uri_folder, "
+        "but the input is a uri_file"
+    )
     env["DATAMOUNT_PIPELINE_PARALLEL"] = "0"  # a bad knob: one line, exit 2, nothing run
     out = datamount("run", str(write(tmp_path / "bad.yml", {"type": "pipeline", "jobs": jobs})),
                     env=env)  # fmt: skip
@@ -206,3 +223,51 @@ def test_data_create_uploads_a_local_path_once_per_version_and_registers_it(
     out = datamount("data", "create", str(missing), env=env)
     assert out.returncode == 2 and "does not exist" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_what_the_sdk_loads_but_cannot_run_here_is_refused_by_run_alone(
+    tmp_path: Path,
+    azurite,
+    container,  # noqa: ANN001
+) -> None:
+    """A value outside a component input's enum or max, and a registry
+    component not in the local registry: `validate` exits 0 (a warning line
+    for the component), `run` refuses each in one line before any step."""
+    env = env_for(azurite, container, tmp_path)
+    marker = tmp_path / "ran"
+    write(tmp_path / "pre.yml", {
+        "type": "command", "name": "pre", "version": "1",
+        "inputs": {"task": {"type": "string", "enum": ["a", "b"], "default": "a"},
+                   "ratio": {"type": "number", "default": 0.2, "min": 0, "max": 1}},
+        "command": f"touch {marker}",
+    })  # fmt: skip
+    given = {"type": "pipeline", "jobs": {"pre": {
+        "component": "file:./pre.yml", "inputs": {"task": "c", "ratio": 7}}}}  # fmt: skip
+    spec = write(tmp_path / "enum.yml", given)
+    out = datamount("validate", str(spec), env=env)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    out = datamount("run", str(spec), env=env)
+    assert out.returncode == 2 and not marker.exists()
+    assert out.stderr.splitlines()[-2:] == [
+        "datamount: error: jobs.pre.inputs.task: 'c' is not one of its enum (a, b)",
+        "datamount: error: jobs.pre.inputs.ratio: 7 is above its max 1",
+    ]
+    given["jobs"]["pre"]["inputs"] = {"task": "b", "ratio": 0.5}
+    given["jobs"]["eval"] = {
+        "component": "azureml://registries/azureml/components/model_evaluation/versions/0.0.7",
+        "inputs": {"task": "text-generation"},
+    }
+    spec = write(tmp_path / "registry.yml", given)
+    out = datamount("validate", str(spec), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        "datamount: warning: jobs.eval.component: azureml://registries/azureml/components/"
+        "model_evaluation/versions/0.0.7 is not in the local registry: its interface was not "
+        "checked (`run` needs it registered: `datamount component create FILE`)"
+    ]
+    out = datamount("run", str(spec), env=env)
+    assert out.returncode == 2 and not marker.exists()
+    assert out.stderr.splitlines()[-1] == (
+        "datamount: error: jobs.eval.component: registry 'azureml' is not in the workspace's "
+        "registries: section (registries: none); declare it there with its components"
+    )

@@ -18,8 +18,8 @@ from datamount.errors import InvalidInput, SpecError
 from datamount.jobs import commandjob
 from datamount.jobspec.graph import load_pipeline, parse_pipeline, read_yaml
 from datamount.jobspec.job import JobSpec, parse_spec
-from datamount.jobspec.literals import LITERAL_TYPES
-from datamount.jobspec.pipeline import RUNNABLE, ComponentLookup, Pipeline
+from datamount.jobspec.literals import LITERAL_TYPES, bounds_problems
+from datamount.jobspec.pipeline import RUNNABLE, ComponentLookup, Pipeline, Step
 from datamount.jobspec.steps import check_steps
 from datamount.jobspec.typemode import DEFAULT_DATASTORE
 from datamount.modes.context import Context
@@ -68,8 +68,18 @@ def validate_file(ctx: Context, path: Path, kind: str) -> str:
     component = "pipelinecomponent" in str(data.get("$schema") or "").lower()
     pipeline, specs = check_pipeline(ctx, path, workspace, data=with_placeholders(data))
     what = f"pipeline component {data.get('name')}" if component else "pipeline job"
-    unchecked = [n for n, s in pipeline.steps.items() if not s.checked]
-    note = f"; components not checked: {', '.join(unchecked)}" if unchecked else ""
+    unchecked = [s for s in pipeline.steps.values() if not s.checked]
+    for step in unchecked:
+        print(
+            f"{PROG}: warning: {step.where}.component: {step.reference} is not in the local "
+            "registry: its interface was not checked (`run` needs it registered: "
+            "`datamount component create FILE`)",
+            file=sys.stderr,
+        )
+    for line in pipeline.at_run:
+        print(f"{PROG}: warning: {line} (`run` refuses it)", file=sys.stderr)
+    names = ", ".join(s.name for s in unchecked)
+    note = f"; components not checked: {names}" if unchecked else ""
     return (
         f"{path}: valid ({what}, {len(pipeline.steps)} steps: "
         f"{', '.join(pipeline.order)}; {checked}{note})"
@@ -78,9 +88,12 @@ def validate_file(ctx: Context, path: Path, kind: str) -> str:
 
 def _lookup(workspace: Workspace | None) -> ComponentLookup:
     def lookup(reference: str, where: str) -> tuple[dict[str, Any], Path] | None:
-        if workspace is None:
+        if workspace is None or workspace.source is None:
             return None
-        return kinds.find_component(workspace, reference, where)
+        try:
+            return kinds.find_component(workspace, reference, where)
+        except kinds.ComponentNotFound:
+            return None  # unknown, not empty: `run` refuses it (unregistered)
 
     return lookup
 
@@ -135,7 +148,10 @@ def prepare_run(ctx: Context, path: Path) -> tuple[Pipeline, dict[str, dict[str,
                 f"jobs.{name}: a {step.type} step cannot run on one node (`validate` accepts it)"
             )
         elif not step.checked:
-            problems.append(f"jobs.{name}: its component needs a workspace file")
+            problems.append(unregistered(workspace, step))
+    problems += pipeline.at_run
+    for name, job in all_jobs(pipeline, run).items():
+        problems += bounds_problems(job.get("inputs") or {}, pipeline.steps[name].where)
     if problems:
         raise SpecError(problems)
     for name, spec in specs.items():
@@ -146,6 +162,21 @@ def prepare_run(ctx: Context, path: Path) -> tuple[Pipeline, dict[str, dict[str,
     if problems:
         raise SpecError(problems)
     return pipeline, all_jobs(pipeline, run)
+
+
+def unregistered(workspace: Workspace | None, step: Step) -> str:
+    """Why `run` cannot run a step whose component is not known here."""
+    reference = step.reference or "its component"
+    if workspace is None or workspace.source is None:
+        return (
+            f"{step.where}.component: {reference} needs a workspace file with it registered "
+            "(`datamount component create FILE`)"
+        )
+    try:
+        kinds.find_component(workspace, reference, step.where)
+    except InvalidInput as exc:
+        return str(exc)
+    return f"{step.where}.component: {reference} is not in the local registry"
 
 
 def data_create(ctx: Context, path: Path, version: str | None) -> str:

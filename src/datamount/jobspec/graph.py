@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from datamount.errors import SpecError
+from datamount.jobspec.literals import LITERAL_TYPES
 from datamount.jobspec.nested import flatten
 from datamount.jobspec.pipeline import (
     STEP_TYPES,
@@ -29,6 +30,7 @@ from datamount.jobspec.pipeline import (
     Pipeline,
     Step,
     binding_of,
+    local_file,
 )
 from datamount.jobspec.typemode import DataType, asset_kind, data_type
 
@@ -71,6 +73,8 @@ def parse_pipeline(
         steps={},
         order=[],
     )
+    if not stack and "pipelinecomponent" not in str(data.get("$schema") or "").lower():
+        _check_pipeline_inputs(pipeline, problems)
     for name, raw in jobs.items():
         step = _step(str(name), raw, source.parent, components, problems)
         if step is not None:
@@ -79,7 +83,7 @@ def parse_pipeline(
     for step in pipeline.steps.values():
         before = len(problems)
         _check_bindings(pipeline, step, problems)
-        if step.type == "pipeline" and len(problems) == before:
+        if step.type == "pipeline" and step.checked and len(problems) == before:
             nested.append(step.name)
     order(pipeline.steps, problems)  # a cycle among the steps of this level
     if nested and not problems:
@@ -96,6 +100,21 @@ def parse_pipeline(
     if problems:
         raise SpecError(problems)
     return pipeline
+
+
+def _check_pipeline_inputs(pipeline: Pipeline, problems: list[str]) -> None:
+    """A pipeline job's literal inputs take `type`, `default`, `description`
+    and `optional`; `enum`, `min` and `max` belong to a component's inputs
+    (the SDK's PipelineJobSchema refuses them on the job)."""
+    for name, value in pipeline.inputs.items():
+        if not isinstance(value, dict) or str(value.get("type", "")).lower() not in LITERAL_TYPES:
+            continue
+        extra = sorted({"enum", "min", "max"} & value.keys())
+        if extra:
+            problems.append(
+                f"inputs.{name}: {', '.join(extra)} is declared on a component's inputs, "
+                "not on a pipeline job's"
+            )
 
 
 def _section(data: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any]:
@@ -128,7 +147,7 @@ def _step(
             else:
                 definition, step_base = found
         else:
-            file = (base / component).resolve()
+            file = (base / local_file(component)).resolve()
             definition = read_yaml(file, f"{where}.component")
             step_base, source = file.parent, file
     elif component is not None:
@@ -150,9 +169,11 @@ def _step(
     if kind == "pipeline" and checked and not isinstance(definition.get("jobs"), dict):
         problems.append(f"{where}: a pipeline step needs a pipeline (with `jobs:`) as component")
         return None
+    reference = component if isinstance(component, str) and not checked else None
     return Step(
-        name, kind, definition, step_base, dict(inputs), dict(outputs), checked, source=source
-    )
+        name, kind, definition, step_base, dict(inputs), dict(outputs), checked,
+        source=source, reference=reference,
+    )  # fmt: skip
 
 
 def _check_bindings(pipeline: Pipeline, step: Step, problems: list[str]) -> None:
@@ -210,7 +231,10 @@ def _check_step_output(
         if isinstance(declared, dict) and "type" in declared:
             wanted = data_type(declared["type"])
     if made is not None and wanted is not None and not compatible(made, wanted):
-        problems.append(f"{here}: {binding} is a {made.value}, but the input is a {wanted.value}")
+        # The SDK's load does not check types across bindings: refused at run only.
+        pipeline.at_run.append(
+            f"{here}: {binding} is a {made.value}, but the input is a {wanted.value}"
+        )
 
 
 def output_type(pipeline: Pipeline, step: Step, name: str) -> DataType | None:

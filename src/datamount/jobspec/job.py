@@ -205,7 +205,7 @@ def parse_spec(
         inputs=inputs,
         outputs=outputs,
         command=command if shape == "command" else None,
-        code=str(data["code"]) if data.get("code") is not None else None,
+        code=str(data["code"]).removeprefix("file:") if data.get("code") is not None else None,
         environment_variables={str(k): _env_value(v) for k, v in env.items()},
         identity=identity,
         extra={k: v for k, v in data.items() if k not in known} if shape != "single" else {},

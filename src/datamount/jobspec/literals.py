@@ -12,6 +12,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 LITERAL_TYPES = {"integer": int, "number": float, "boolean": bool, "string": str}
+# The keys the SDK's schemas allow on a literal input (azure-ai-ml's
+# ParameterSchema): `enum`, `min` and `max` are checked against the value
+# only when the job runs (bounds_problems), as Azure ML checks them at
+# submission, not at load.
+LITERAL_KEYS = frozenset(
+    {"type", "default", "value", "description", "optional", "min", "max", "enum"}
+)
 
 
 class LiteralInput(BaseModel):
@@ -30,7 +37,7 @@ def typed_literal(
 ) -> LiteralInput | None:
     """A `{type: integer|number|boolean|string, default|value: ...}` input."""
     kind = str(value.get("type"))
-    extra = set(value) - {"type", "default", "value", "description", "optional", "min", "max"}
+    extra = set(value) - LITERAL_KEYS
     if extra:
         problems.append(f"{where}: unknown keys for a {kind} input: {', '.join(sorted(extra))}")
     literal = value.get("value", value.get("default"))
@@ -71,3 +78,36 @@ def _literal(kind: str, raw: object) -> str | int | float | bool:
         raise ValueError(raw)
     result: str | int | float = LITERAL_TYPES[kind](raw)
     return result
+
+
+def is_primitive(entry: object) -> bool:
+    """An input or output declared with a literal type (`{type: string}`): a
+    value, not data. A component's primitive outputs (a flow's verdict, a
+    control output) have no place in storage; they are not data entries."""
+    return isinstance(entry, dict) and str(entry.get("type", "")).lower() in LITERAL_TYPES
+
+
+def bounds_problems(inputs: dict[str, Any], where: str) -> list[str]:
+    """Each literal input of a job (a mapping as its YAML holds it) whose
+    value is outside its declared `enum` or `min`/`max`: one line each."""
+    problems = []
+    for name, raw in inputs.items():
+        if not isinstance(raw, dict) or str(raw.get("type", "")).lower() not in LITERAL_TYPES:
+            continue
+        value = raw.get("value", raw.get("default"))
+        if value is None:
+            continue
+        here = f"{where}.inputs.{name}"
+        enum = raw.get("enum")
+        if isinstance(enum, list) and value not in enum and str(value) not in map(str, enum):
+            shown = ", ".join(map(str, enum))
+            problems.append(f"{here}: {value!r} is not one of its enum ({shown})")
+        for key, outside in (("min", lambda v, b: v < b), ("max", lambda v, b: v > b)):
+            bound = raw.get(key)
+            try:
+                if bound is not None and outside(float(value), float(bound)):
+                    problems.append(f"{here}: {value!r} is {'below' if key == 'min' else 'above'} "
+                                    f"its {key} {bound!r}")  # fmt: skip
+            except (TypeError, ValueError):
+                continue
+    return problems

@@ -89,6 +89,7 @@ def _inner(
     except SpecError as exc:
         problems += [f"{step.where}.{p}" for p in exc.problems]
         return None
+    pipeline.at_run += [f"{step.where}.{p}" for p in inner.at_run]
     for key in step.outputs:
         if key not in inner.outputs:
             known = ", ".join(sorted(inner.outputs)) or "none"

@@ -62,9 +62,10 @@ class Step:
     base: Path  # the folder its relative paths (code, local data) are relative to
     inputs: dict[str, Any] = field(default_factory=dict)  # the step's values
     outputs: dict[str, Any] = field(default_factory=dict)
-    checked: bool = True  # False: a registered component not looked up (no workspace)
+    checked: bool = True  # False: a registered component not known here (its interface unknown)
     source: Path | None = None  # the component's file, when it was given by file
     origin: Path | None = None  # where its values are relative to (None: the pipeline's)
+    reference: str | None = None  # `component:` as written, when it names a registered one
 
     @property
     def where(self) -> str:
@@ -96,6 +97,9 @@ class Pipeline:
     settings: dict[str, Any]
     steps: dict[str, Step]
     order: list[str]
+    # Found by the checks, refused only when the pipeline runs: what the SDK's
+    # load accepts (a type mismatch across a binding), one line each.
+    at_run: list[str] = field(default_factory=list)
 
     @property
     def default_datastore(self) -> str:
@@ -105,6 +109,11 @@ class Pipeline:
     @property
     def continue_on_step_failure(self) -> bool:
         return self.settings.get("continue_on_step_failure") is True
+
+
+def local_file(path: str) -> str:
+    """A component or code path as the SDK reads it: `file:` is the local prefix."""
+    return path.removeprefix("file:")
 
 
 def binding_of(value: object) -> Binding | None:

@@ -14,12 +14,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from datamount.errors import SpecError
+from datamount.errors import SpecError, UriError
 from datamount.jobspec.graph import output_type
 from datamount.jobspec.job import JobSpec, parse_spec
-from datamount.jobspec.literals import LITERAL_TYPES
-from datamount.jobspec.pipeline import RUNNABLE, Pipeline, Step, absolute, binding_of
+from datamount.jobspec.literals import LITERAL_TYPES, is_primitive
+from datamount.jobspec.pipeline import (
+    RUNNABLE,
+    Pipeline,
+    Step,
+    absolute,
+    binding_of,
+    local_file,
+)
 from datamount.jobspec.typemode import DataType, data_type, default_output_path, expand_output_path
+from datamount.jobspec.uris import parse
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
 DECLARED_KEYS = ("type", "mode", "optional", "description")
@@ -49,6 +57,8 @@ def step_outputs(pipeline: Pipeline, step: Step, run: str) -> dict[str, dict[str
     result: dict[str, dict[str, Any]] = {}
     declared = step.declared("outputs")
     for name in {**declared, **step.outputs}:
+        if is_primitive(declared.get(name)):
+            continue  # a value, not data: nothing lands in storage
         decl = declared.get(name) if isinstance(declared.get(name), dict) else {}
         value = step.outputs.get(name)
         entry = {k: v for k, v in (decl or {}).items() if k in DECLARED_KEYS}
@@ -103,8 +113,21 @@ def step_inputs(
             continue
         for source in (decl, own):
             entry.update({k: v for k, v in source.items() if k in DECLARED_KEYS})
+        if "type" not in entry and _names_a_model(entry.get("path")):
+            entry["type"] = "custom_model"  # untyped, and neither side says: the asset does
         result[name] = entry
     return result
+
+
+def _names_a_model(path: object) -> bool:
+    """A path of a model asset (`azureml://registries/<r>/models/...`, `azureml:`
+    model names cannot be told from data ones without a workspace)."""
+    if not isinstance(path, str) or not path.startswith("azureml:"):
+        return False
+    try:
+        return parse(path, "path").asset_kind == "model"
+    except UriError:
+        return False
 
 
 def _literal(value: Any) -> Any:
@@ -121,7 +144,7 @@ def step_job(
     job: dict[str, Any] = {"$schema": SCHEMA, "type": "command", "name": step.name}
     job.update({k: d[k] for k in JOB_KEYS if d.get(k) is not None})
     if d.get("code") is not None:
-        job["code"] = str((step.base / str(d["code"])).resolve())
+        job["code"] = str((step.base / local_file(str(d["code"]))).resolve())
     job["inputs"] = step_inputs(pipeline, step, run, landed)
     job["outputs"] = step_outputs(pipeline, step, run)
     return job

@@ -21,7 +21,7 @@ import yaml
 
 from datamount.errors import InvalidInput, SpecError, WorkspaceError
 from datamount.jobspec.job import parse_spec
-from datamount.jobspec.literals import LITERAL_TYPES
+from datamount.jobspec.literals import LITERAL_TYPES, is_primitive
 from datamount.jobspec.uris import OUTPUT_ASSET_NAME, OUTPUT_ASSET_RULE, parse
 from datamount.workspace.catalog import ComponentVersion, pick_version, read_components
 from datamount.workspace.datastores import Workspace, registry_path
@@ -127,6 +127,9 @@ def as_job(data: dict[str, Any]) -> dict[str, Any]:
         inputs[key] = value
     skip = ("name", "version", "display_name", "is_deterministic", "tags", "inputs", "$schema")
     job = {k: v for k, v in data.items() if k not in skip}
+    outputs = data.get("outputs")
+    if isinstance(outputs, dict):
+        job["outputs"] = {k: v for k, v in outputs.items() if not is_primitive(v)}
     job.update({"type": "command", "inputs": inputs})
     return job
 
@@ -148,9 +151,9 @@ def find_component(workspace: Workspace, reference: str, where: str) -> tuple[di
         registry = workspace.config.registries.get(registry_name)
         if registry is None:
             known = ", ".join(sorted(workspace.config.registries)) or "none"
-            raise WorkspaceError(
+            raise ComponentNotFound(
                 f"{here}: registry {registry_name!r} is not in the workspace's registries: "
-                f"section (registries: {known})"
+                f"section (registries: {known}); declare it there with its components"
             )
         declared = registry.components.get(name, [])
         entry = pick_version(declared, version)
@@ -179,19 +182,25 @@ def find_component(workspace: Workspace, reference: str, where: str) -> tuple[di
     return _declared(workspace.source, entry, here)
 
 
+class ComponentNotFound(WorkspaceError):
+    """A component the workspace does not know here (not registered, no such
+    version, a registry not declared): its interface is unknown, not empty."""
+
+
 def _missing(
     here: str, name: str, version: str | None, versions: list[Any], place: str,
     known: Mapping[str, object],
 ) -> NoReturn:  # fmt: skip
     if not versions:
         names = ", ".join(sorted(known)) or "none"
-        raise WorkspaceError(
+        raise ComponentNotFound(
             f"{here}: component {name!r} is not registered in {place} (components: {names}); "
             "use `datamount component create FILE` or the workspace's components: section"
         )
     have = ", ".join(str(v.get("version") if isinstance(v, dict) else v.version) for v in versions)
-    raise WorkspaceError(
-        f"{here}: component {name!r} has no version {version!r} in {place} (versions: {have})"
+    raise ComponentNotFound(
+        f"{here}: component {name!r} has no version {version!r} in {place} (versions: {have}); "
+        "use `datamount component create FILE` to register it"
     )
 
 
