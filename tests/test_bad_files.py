@@ -157,3 +157,28 @@ def test_one_line_for_a_bad_mltable(tmp_path: Path, mounts: Mounts, variant: str
         assert line.endswith(
             "expected a mapping with 'paths' and 'transformations' at the top level"
         )
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        (None, "download of {s}/no-such-spec.yaml failed: {s}/no-such-spec.yaml: no such folder"),
+        ("{s}/folder", "{s}/folder: is a folder; declare the input as uri_folder"),
+        ("{s}/absent.txt",
+         "download of {s}/absent.txt failed: stat '{s}/absent.txt' failed: no such file"),
+    ],
+)  # fmt: skip
+def test_a_local_path_is_named_with_its_leading_slash(
+    tmp_path: Path, spec: str | None, error: str
+) -> None:
+    """A local store's keys drop the root's '/'; the lines name the path."""
+    (tmp_path / "folder").mkdir()
+    target = "no-such-spec.yaml"
+    if spec is not None:
+        target = "spec.yaml"
+        path = spec.format(s=tmp_path)
+        (tmp_path / target).write_text(f"inputs:\n  f: {{type: uri_file, path: {path}}}\n")
+    result = cli(["download", target, "out"], tmp_path)
+    assert result.returncode == 3
+    assert result.stderr.splitlines() == [f"datamount: error: {error.format(s=tmp_path)}"]
+    assert not (tmp_path / "out").exists()
