@@ -261,7 +261,8 @@ def test_partition_format_spellings() -> None:
         ),
         (
             "paths: [{file: a.csv}\n",
-            "MLTable /data/t/MLTable: not valid YAML (line 2): expected ',' or ']', but got '<stream end>'",
+            "MLTable /data/t/MLTable: not valid YAML (line 2, column 1): expected ',' or ']', "
+            "but got '<stream end>' (while parsing a flow sequence at line 1, column 8)",
         ),
         (
             "type: mltable2\npaths: [{file: a}]",

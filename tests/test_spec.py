@@ -260,7 +260,7 @@ def test_bad_yaml_file(tmp_path: Path) -> None:
     bad.write_text("inputs:\n  a: {type: uri_file\n")
     with pytest.raises(SpecError, match=r"bad.yaml: not valid YAML \(line \d+, column \d+\)"):
         load_spec(bad)
-    with pytest.raises(SpecError, match="cannot read the spec"):
+    with pytest.raises(SpecError, match="missing.yaml: cannot read it: no such file"):
         load_spec(tmp_path / "missing.yaml")
 
 

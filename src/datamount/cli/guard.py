@@ -1,8 +1,9 @@
 """How a command ends, in one place: a DatamountError as its message on
 stderr and its exit code, an OSError of the local disk as one line naming the
 path (exit 3, or 4 for the outputs' commands), anything unexpected as one
-line with the traceback in the runtime log; and the logs a command starts.
-Every command body runs under `guarded`. No threads.
+line with the traceback in the runtime log; and the logs a command starts
+(a log folder the user named that cannot be used is exit 3, the default one
+a warning). Every command body runs under `guarded`. No threads.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import errno
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from datamount import __version__
 from datamount.cli.parser import PROG
@@ -84,21 +86,48 @@ def unexpected(command: str, settings: Settings, exc: Exception) -> int:
     return EXIT_FAILURE
 
 
-def start_logging(settings: Settings, command: str) -> None:
+def log_dir_given(flag: object, environ: Mapping[str, str]) -> bool:
+    """Whether the log folder was named (`--log-dir`, DATAMOUNT_LOG_DIR), not the default."""
+    return flag is not None or bool(environ.get("DATAMOUNT_LOG_DIR", "").strip())
+
+
+def start_logging(settings: Settings, command: str, *, explicit: bool) -> None:
+    """The command's two logs in `settings.log_dir`. A folder the user named
+    (`explicit`) that cannot be used is DataError (exit 3: nothing started);
+    the default folder unusable is one `warning:` line, and the command goes
+    on without logs."""
+    log_dir = settings.log_dir
     try:
-        files = setup_logging(
-            settings.log_dir, level=settings.log_level, settings_lines=settings.describe()
-        )
+        _make_log_dir(log_dir)
     except OSError as exc:
-        print(
-            f"{PROG}: warning: cannot write logs to {settings.log_dir}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
-        # Without a log file, logging's last resort would print every warning and
-        # traceback on stderr: the user has the warning, the error gets its one line.
-        logging.getLogger("datamount").addHandler(logging.NullHandler())
-        return
+        if explicit:
+            raise DataError(f"cannot create log folder {log_dir}: {_reason(exc)}") from None
+        return _without_logs(log_dir, exc)
+    try:
+        files = setup_logging(log_dir, level=settings.log_level, settings_lines=settings.describe())
+    except OSError as exc:
+        if explicit:
+            raise DataError(f"cannot write logs to {log_dir}: {_reason(exc)}") from None
+        return _without_logs(log_dir, exc)
     log.info("datamount %s: %s (logs in %s)", __version__, command, files.runtime.parent)
+
+
+def _make_log_dir(log_dir: Path) -> None:
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectoryError(errno.ENOTDIR, "a file of that name is in the way") from None
+
+
+def _without_logs(log_dir: Path, exc: OSError) -> None:
+    print(f"{PROG}: warning: cannot write logs to {log_dir}: {_reason(exc)}", file=sys.stderr)
+    # Without a log file, logging's last resort would print every warning and
+    # traceback on stderr: the user has the warning, the error gets its one line.
+    logging.getLogger("datamount").addHandler(logging.NullHandler())
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
 
 
 def fail(exc: DatamountError) -> int:

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from datamount.cli.guard import fail, guarded, start_logging
+from datamount.cli.guard import fail, guarded, log_dir_given, start_logging
 from datamount.cli.parser import GLOBAL_OPTIONS, PROG, build_parser, parse_args
 from datamount.errors import EXIT_OK, DatamountError
 from datamount.modes.context import Context
@@ -41,9 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run.run(args)
     try:
         settings = Settings.from_env(os.environ, cache_dir=args.cache_dir, log_dir=args.log_dir)
+        start_logging(settings, args.command, explicit=log_dir_given(args.log_dir, os.environ))
     except DatamountError as exc:
         return fail(exc)
-    start_logging(settings, args.command)
     ctx = Context(settings, dict(os.environ), Path.cwd(), args.workspace)
     return guarded(args.command, settings, lambda: _run(ctx, args))
 

@@ -107,7 +107,12 @@ def _in_workdir(
     workdir, settings = environment.workdir_settings(
         args.workdir, run_name, env, args.cache_dir, args.log_dir
     )
-    start_logging(settings, "run")
+    try:
+        start_logging(settings, "run", explicit=args.log_dir is not None)
+    except DatamountError:
+        if args.workdir is None:  # the temporary folder just made: nothing else is in it
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
     return Context(settings, env, Path.cwd(), args.workspace, run_name), workdir
 
 

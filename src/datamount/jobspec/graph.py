@@ -18,8 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from datamount import yamlfile
 from datamount.errors import SpecError
 from datamount.jobspec.literals import LITERAL_TYPES
 from datamount.jobspec.nested import flatten
@@ -36,14 +35,12 @@ from datamount.jobspec.typemode import DataType, asset_kind, data_type
 
 
 def read_yaml(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SpecError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{what}: {path} is not valid YAML: {exc}") from None
+    """The mapping in the YAML file at `path`; `what` names it in errors
+    (the file itself, or the pipeline field that names it)."""
+    label = str(path) if what == str(path) else f"{what}: {path}"
+    data = yamlfile.load(path, label, SpecError)
     if not isinstance(data, dict):
-        raise SpecError(f"{what}: {path}: expected a YAML mapping at the top level")
+        raise SpecError(f"{label}: expected a YAML mapping at the top level")
     return data
 
 

@@ -12,9 +12,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from datamount import yamlfile
 from datamount.errors import SpecError, UriError
 from datamount.jobspec.literals import LITERAL_TYPES, LiteralInput, plain_literal, typed_literal
 from datamount.jobspec.typemode import (
@@ -136,17 +136,7 @@ class _Names(NamedTuple):
 def load_spec(
     path: Path, *, run_name: str | None = None, default_datastore: str = DEFAULT_DATASTORE
 ) -> JobSpec:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the spec: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise SpecError(f"{path}: not valid YAML{where}: {problem}") from None
+    data = yamlfile.load(path, str(path), SpecError)
     return parse_spec(data, source=path, run_name=run_name, default_datastore=default_datastore)
 
 

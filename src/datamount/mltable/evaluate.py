@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from datamount import yamlfile
 from datamount.errors import DataError, ObjectNotFound, StorageError, UriError, WorkspaceError
 from datamount.jobspec.uris import LocationKind, parse
 from datamount.mltable import patterns
@@ -94,17 +95,16 @@ def read_mltable(location: StorageLocation, stores: Stores) -> tuple[MLTable, St
     store = stores.get(file_loc)
     try:
         info = store.stat(file_loc.key)
+        if info.is_dir:
+            raise MLTableError(f"MLTable {shown}: is a folder, not a file")
         if info.size > MAX_MLTABLE_BYTES:
             raise MLTableError(f"MLTable {shown}: {info.size} bytes is too large for an MLTable")
         data = store.read(file_loc.key, 0, info.size, etag=info.etag)
-        text = data.decode("utf-8-sig")
     except ObjectNotFound:
         raise DataError(f"MLTable {shown}: no MLTable file there") from None
-    except UnicodeDecodeError:
-        raise MLTableError(f"MLTable {shown}: not a UTF-8 text file") from None
     except StorageError as exc:
         raise DataError(f"MLTable {shown}: cannot read it: {exc}") from None
-    table = parse_mltable(text, shown)
+    table = parse_mltable(yamlfile.decode(data, f"MLTable {shown}", MLTableError), shown)
     parent = posixpath.dirname(file_loc.path.rstrip("/"))
     folder = replace(file_loc, path=parent + "/" if parent else "")
     return table, folder

@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import yaml
 from pydantic import ValidationError
 
+from datamount import yamlfile
 from datamount.errors import InvalidInput
 from datamount.mltable import expr, patterns
 from datamount.mltable.options import (
@@ -135,13 +135,7 @@ TOP_KEYS = {"$schema", "type", "paths", "transformations", "traits", "metadata"}
 def parse_mltable(text: str, source: str) -> MLTable:
     """Parse MLTable YAML `text`; `source` names the file in every error."""
     fail = _Failer(source)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "syntax error"
-        raise fail(f"not valid YAML{at}: {problem}") from None
+    data = yamlfile.parse(text, f"MLTable {source}", MLTableError)
     if not isinstance(data, dict):
         raise fail("expected a mapping with 'paths' and 'transformations' at the top level")
     unknown = sorted(str(k) for k in data if k not in TOP_KEYS)

@@ -122,7 +122,7 @@ class LocalStore(ObjectStore):
         prefix = prefix.lstrip("/")
         cut = prefix.rfind("/") + 1
         dir_key, name_prefix = prefix[:cut], prefix[cut:]
-        with translate("list", prefix):
+        with translate("list", prefix, store=self.root):
             page = ListPage()
             count = 0
             yielded = False
@@ -169,13 +169,13 @@ class LocalStore(ObjectStore):
 
     def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)
-        with translate("stat", key):
+        with translate("stat", key, store=self.root):
             return self._info(key, os.stat(path), path)
 
     def read(self, key: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
         check_range(offset, length)
         path = self._path(key)
-        with translate("read", key):
+        with translate("read", key, store=self.root):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 if etag is not None and etag_of(os.fstat(fd)) != etag:
@@ -202,7 +202,7 @@ class LocalStore(ObjectStore):
             buffer = memoryview(buffer)
         check_range(offset, len(buffer))
         path = self._path(key)
-        with translate("read", key):
+        with translate("read", key, store=self.root):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 if etag is not None and etag_of(os.fstat(fd)) != etag:
@@ -259,14 +259,14 @@ class LocalStore(ObjectStore):
         metadata: dict[str, str] | None = None,
     ) -> ObjectInfo:
         path = self._path(key)
-        with translate("put", key):
+        with translate("put", key, store=self.root):
             return self._publish(key, path, lambda fd: _write_all(fd, data), content_md5)
 
     def stage_block(self, key: str, block_id: str, data: bytes) -> None:
         if not block_id:
             raise BadRequest(f"stage_block {key!r} failed: empty block id")
         path = self._path(key)
-        with translate("stage_block", key):
+        with translate("stage_block", key, store=self.root):
             parts = self._parts_dir(path)
             os.makedirs(parts, exist_ok=True)
             final = os.path.join(parts, block_id.encode().hex())
@@ -286,7 +286,7 @@ class LocalStore(ObjectStore):
         path = self._path(key)
         parts = self._parts_dir(path)
         sources = [os.path.join(parts, b.encode().hex()) for b in block_ids]
-        with translate("commit_blocks", key):
+        with translate("commit_blocks", key, store=self.root):
             missing = [
                 b for b, src in zip(block_ids, sources, strict=True) if not os.path.isfile(src)
             ]
@@ -307,13 +307,13 @@ class LocalStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        with translate("delete", key):
+        with translate("delete", key, store=self.root):
             os.unlink(path)
 
     def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
         src = self._path(src_key)
         dst = self._path(dst_key)
-        with translate("copy", src_key):
+        with translate("copy", src_key, store=self.root):
             md5 = _read_md5(src)
             with open(src, "rb") as f:
 

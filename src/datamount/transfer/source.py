@@ -11,7 +11,7 @@ import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from datamount.errors import DataError, DatamountError, ObjectNotFound
+from datamount.errors import DataError, ObjectNotFound
 from datamount.storage.base import ObjectInfo, ReadableStore
 
 log = logging.getLogger("datamount.transfer.source")
@@ -61,6 +61,12 @@ def is_folder_marker(obj: ObjectInfo) -> bool:
     return obj.is_dir or (obj.size == 0 and obj.key.endswith("/"))
 
 
+def shown(store: ReadableStore, key: str) -> str:
+    """`key` as the user wrote it: a local store's file path (its keys drop
+    the root's '/'), else the key itself."""
+    return store.local_path(key) or key or "(root)"
+
+
 def folder_prefix(key: str) -> str:
     return key if key == "" or key.endswith("/") else key + "/"
 
@@ -68,10 +74,10 @@ def folder_prefix(key: str) -> str:
 def single_file(store: ReadableStore, key: str) -> SourceFile:
     """The one object of a uri_file input; it lands under its own base name."""
     if not key or key.endswith("/"):
-        raise DatamountError(f"{key or '(root)'}: a uri_file path must name a file, not a folder")
+        raise DataError(f"{shown(store, key)}: a uri_file path must name a file, not a folder")
     info = store.stat(key)
     if info.is_dir:
-        raise DatamountError(f"{key}: is a folder; declare the input as uri_folder")
+        raise DataError(f"{shown(store, key)}: is a folder; declare the input as uri_folder")
     return SourceFile(key, safe_relative(posixpath.basename(key), key), info.size, info.etag)
 
 
@@ -112,7 +118,7 @@ def folder_pages(store: ReadableStore, key: str) -> Iterator[list[SourceFile]]:
         previous = files
     yield [*(previous or []), *held]
     if not seen_any and not _exists_as_folder(store, key):
-        raise ObjectNotFound(f"{key or '(root)'}: no such folder")
+        raise ObjectNotFound(f"{shown(store, key)}: no such folder")
 
 
 def _exists_as_folder(store: ReadableStore, key: str) -> bool:
@@ -123,5 +129,5 @@ def _exists_as_folder(store: ReadableStore, key: str) -> bool:
     except ObjectNotFound:
         return False
     if not info.is_dir:
-        raise DatamountError(f"{key}: is a file; declare the input as uri_file")
+        raise DataError(f"{shown(store, key)}: is a file; declare the input as uri_file")
     return True

@@ -16,9 +16,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from datamount import yamlfile
 from datamount.errors import WorkspaceError
 from datamount.jobspec.uris import Location
 
@@ -76,12 +76,15 @@ REGISTRY_SECTIONS = ("data_assets", "models")
 
 def _load(path: Path) -> Any:
     """The registry file's YAML ({} when empty), None when there is none yet."""
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        return None
-    except (OSError, yaml.YAMLError) as exc:
-        raise WorkspaceError(f"asset registry {path}: cannot read it: {exc}") from None
+    data = yamlfile.load(path, f"asset registry {path}", WorkspaceError, if_missing=_missing)
+    return None if data is _MISSING else data or {}
+
+
+_MISSING = object()
+
+
+def _missing() -> object:
+    return _MISSING
 
 
 def read_registry_file(path: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:

@@ -12,13 +12,13 @@ Threads: none of its own.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
+from datamount import yamlfile
 from datamount.errors import UriError, WorkspaceError
 from datamount.jobspec.uris import DEFAULT_SUFFIX, Location, LocationKind, parse
 from datamount.log import register_secret
@@ -89,6 +89,15 @@ class Account(BaseModel):
     sas_token: SecretStr | None = None
 
 
+def _missing(path: Path) -> Callable[[], Any]:
+    def missing() -> Any:
+        raise WorkspaceError(
+            f"workspace file {path} not found (use --workspace FILE or DATAMOUNT_WORKSPACE)"
+        )
+
+    return missing
+
+
 class WorkspaceConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
     datastores: dict[str, Datastore] = Field(default_factory=dict)
@@ -154,16 +163,13 @@ class Workspace:
 
     @classmethod
     def load(cls, path: Path, environ: Mapping[str, str]) -> Workspace:
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
+        data = yamlfile.load(
+            path, f"workspace file {path}", WorkspaceError, if_missing=_missing(path)
+        )
+        if data is None:
             raise WorkspaceError(
-                f"workspace file {path} not found (use --workspace FILE or DATAMOUNT_WORKSPACE)"
-            ) from None
-        except OSError as exc:
-            raise WorkspaceError(f"workspace file {path}: {exc.strerror or exc}") from None
-        except yaml.YAMLError as exc:
-            raise WorkspaceError(f"workspace file {path}: not valid YAML: {exc}") from None
+                f"workspace file {path}: empty; expected a mapping (datastores: ...)"
+            )
         if not isinstance(data, dict):
             raise WorkspaceError(f"workspace file {path}: expected a mapping at the top level")
         problems: list[str] = []

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
+from datamount import yamlfile
 from datamount.errors import InvalidInput, SpecError, WorkspaceError
 from datamount.jobspec.job import parse_spec
 from datamount.jobspec.literals import LITERAL_TYPES, is_primitive
@@ -209,10 +208,7 @@ def _declared(source: Path, entry: ComponentVersion, here: str) -> tuple[dict[st
     if entry.component is not None:
         return dict(entry.component), source.parent
     file = (source.parent / str(entry.path)).expanduser().resolve()
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise WorkspaceError(f"{here}: component file {file}: cannot read it: {exc}") from None
+    data = yamlfile.load(file, f"{here}: component file {file}", WorkspaceError)
     if not isinstance(data, dict):
         raise WorkspaceError(f"{here}: component file {file}: expected a YAML mapping")
     return data, file.parent

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from datamount import yamlfile
 from datamount.errors import WorkspaceError
 from datamount.workspace.locked import locked, write_atomic
 
@@ -41,16 +42,15 @@ def history_path(registry: Path, workspace_file: Path) -> Path:
 
 def read(path: Path) -> dict[str, dict[str, Any]]:
     """Every recorded run by name ({} when none yet)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        return {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise WorkspaceError(f"run history {path}: cannot read it: {exc}") from None
+    data = yamlfile.load(path, f"run history {path}", WorkspaceError, if_missing=_no_runs)
     runs = data.get("runs") if isinstance(data, dict) else None
     if not isinstance(runs, dict) or not all(isinstance(v, dict) for v in runs.values()):
         raise WorkspaceError(f"run history {path}: expected 'runs:' entries")
     return {str(k): v for k, v in runs.items()}
+
+
+def _no_runs() -> dict[str, Any]:
+    return {"runs": {}}
 
 
 def record(path: Path, run: str, job: str, exit_code: int, outputs: dict[str, RunOutput]) -> None:
