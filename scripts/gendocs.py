@@ -224,6 +224,7 @@ VALUES: dict[str, str] = {
     "OptionalTtl": "integer",
     "OptionalId": "integer (a uid or gid)",
     "OptionalMode": "octal mode",
+    "ExitCodes": "exit codes 1–255, comma-separated",
     "Size": "size",
     "OptionalSignedSize": "size; negative allowed",
     "BlockSize": "size",
@@ -277,6 +278,8 @@ MORE: dict[str, str] = {
     "DATAMOUNT_MOUNT_FILE_MODE": "production.md#access",
     "DATAMOUNT_MOUNT_DIR_MODE": "production.md#access",
     "DATAMOUNT_MOUNT_MAX_RESTARTS": "production.md#a-daemon-that-dies",
+    "DATAMOUNT_RUN_MAX_RESTARTS": "specs.md#restarts",
+    "DATAMOUNT_RUN_RESTART_EXIT_CODES": "specs.md#restarts",
 }
 
 CONFIGURATION_INTRO = """\

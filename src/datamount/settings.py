@@ -136,6 +136,19 @@ def _mode(text: str) -> int:
 _TO_MODE = _parser(_mode, "not a mode (octal permission bits, e.g. 0440)")
 
 
+def _exit_codes(text: str) -> tuple[int, ...]:
+    """'1, 75' -> (1, 75): exit codes 1-255, comma-separated; '' -> ()."""
+    codes = tuple(int(part) for part in text.split(",") if part.strip())
+    if any(not 1 <= code <= 255 for code in codes):
+        raise ValueError(text)
+    return codes
+
+
+_TO_EXIT_CODES = _parser(
+    _exit_codes, "not a list of exit codes (whole numbers 1 to 255, comma-separated)"
+)
+
+
 @dataclass(frozen=True)
 class Range:
     """An after-validator: the value lies in [low, high]. `show` writes a bound
@@ -209,6 +222,7 @@ OptionalSignedSize = Annotated[
 ]
 OptionalId = Annotated[int | None, _TO_INT, AfterValidator(Range(0, MAX_ID))]
 OptionalMode = Annotated[int | None, _TO_MODE, AfterValidator(Range(0, 0o777, _octal))]
+ExitCodes = Annotated[tuple[int, ...], _TO_EXIT_CODES]
 LogLevel = Annotated[
     str, _parser(_log_level, f"not a log level (use one of {', '.join(_LOG_LEVELS)})")
 ]
@@ -565,6 +579,25 @@ class Settings(BaseModel):
         ),
     )
 
+    # -- `datamount run`: a command that dies of a transient cause is run again --
+    run_max_restarts: Retries = Field(
+        0,
+        alias="DATAMOUNT_RUN_MAX_RESTARTS",
+        description=(
+            "Times `datamount run` runs a job's command again after it ended for a transient "
+            "reason (killed by SIGKILL, as the OOM killer does: exit 137; or an exit code of "
+            "DATAMOUNT_RUN_RESTART_EXIT_CODES), its inputs still mounted and its outputs in "
+            "place (`--max-restarts` wins); 0, as an Azure ML command job: never."
+        ),
+    )
+    run_restart_exit_codes: ExitCodes = Field(
+        (),
+        alias="DATAMOUNT_RUN_RESTART_EXIT_CODES",
+        description=(
+            "Exit codes of a job's command that count as transient beside 137 (SIGKILL), "
+            "comma-separated; any other ends the run at once."
+        ),
+    )
     # -- operability (issue 13): Prometheus metrics of daemons and long transfers --
     # None: no metrics endpoint. 0: a free port (the daemon records its URL, see
     # `datamount status --json`). Binds DATAMOUNT_METRICS_HOST (loopback by default).
@@ -743,6 +776,8 @@ class Settings(BaseModel):
                 shown = str(int(value))
             elif isinstance(value, bool):
                 shown = str(value).lower()
+            elif isinstance(value, tuple):
+                shown = ",".join(map(str, value)) or "none"
             elif name in _MODE_FIELDS:
                 shown = _octal(value)
             elif name in _SIZE_FIELDS:

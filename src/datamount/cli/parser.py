@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from datamount import __version__
+from datamount.settings import MAX_RETRIES
 
 PROG = "datamount"
 
@@ -250,6 +251,27 @@ def _run(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep", action="store_true", help="keep the temporary working folder and its logs"
     )
+    p.add_argument(
+        "--max-restarts",
+        metavar="N",
+        type=_restarts,
+        help=(
+            "run the command again up to N times after a transient end (killed by SIGKILL, "
+            "or an exit code of DATAMOUNT_RUN_RESTART_EXIT_CODES), inputs still mounted and "
+            "outputs in place; each pipeline step alike (default: DATAMOUNT_RUN_MAX_RESTARTS, "
+            "else 0)"
+        ),
+    )
+
+
+def _restarts(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value <= MAX_RETRIES:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_RETRIES}: {text!r}")
+    return value
 
 
 def _interval(text: str) -> float:

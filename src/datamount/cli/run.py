@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         run_name = commandjob.run_name(load_spec(Path(args.job)).name)
         spec = load_spec(Path(args.job), run_name=run_name)
-        env = {**os.environ, **spec.environment_variables}
+        env = _with_restarts(args, {**os.environ, **spec.environment_variables})
         settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
         commandjob.check(Context(settings, env, Path.cwd(), args.workspace, run_name), spec)
         ctx, workdir = _in_workdir(args, run_name, env)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_pipeline(args: argparse.Namespace) -> int:
     path = Path(args.job)
-    env = dict(os.environ)
+    env = _with_restarts(args, dict(os.environ))  # the steps' `datamount run` inherit it
     try:
         parallel = _parallel(env)
         run = commandjob.run_name(path.stem)
@@ -97,6 +97,14 @@ def run_pipeline(args: argparse.Namespace) -> int:
         if code != EXIT_OK:
             say(f"step logs kept in {workdir}/<step>/system_logs")
     return code
+
+
+def _with_restarts(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
+    """`--max-restarts N` wins over DATAMOUNT_RUN_MAX_RESTARTS (a job's
+    environment_variables included)."""
+    if getattr(args, "max_restarts", None) is not None:
+        env["DATAMOUNT_RUN_MAX_RESTARTS"] = str(args.max_restarts)
+    return env
 
 
 def _in_workdir(

@@ -61,6 +61,10 @@ log = logging.getLogger("datamount.run")
 PREPARE_ATTEMPTS = 3
 PREPARE_BACKOFF = 2.0  # seconds before the 2nd attempt, doubled after
 LEFTOVER_GRACE = 5.0  # seconds the command's leftover processes get after SIGTERM
+# A command killed by SIGKILL (the OOM killer's signal) may succeed when run again.
+KILLED = 128 + signal.SIGKILL
+RESTART_BACKOFF = 1.0  # seconds before the first restart, doubled after, at most
+RESTART_BACKOFF_MAX = 30.0
 
 
 @dataclass
@@ -157,6 +161,7 @@ class JobRun:
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
         self._finishing = False
+        self._signalled = False  # a signal reached the command: it is not run again
 
     # -- the whole run -----------------------------------------------------------
 
@@ -186,7 +191,7 @@ class JobRun:
             values = self._values()
             command = substitute(self.spec.command or "", values)
             try:
-                code = self._execute(command, values)
+                code = self._attempts(command, values)
             finally:
                 # From here on a signal no longer interrupts: the job's outputs
                 # are written and its mounts undone first (each bounded by its
@@ -201,6 +206,41 @@ class JobRun:
                     self.say(f"outputs could not be written: {line}")
                 return code if code != EXIT_OK else EXIT_OUTPUTS
             return code
+
+    def _attempts(self, command: str, values: dict[str, str]) -> int:
+        """The command, run again while it ends for a transient reason and the
+        restart budget lasts (DATAMOUNT_RUN_MAX_RESTARTS): inputs stay mounted
+        with their caches, outputs (checkpoints) stay in place. Returns the
+        last attempt's exit code."""
+        settings = self.ctx.settings
+        attempts = 1 + settings.run_max_restarts
+        transient = {KILLED, *settings.run_restart_exit_codes}
+        attempt, delay = 1, RESTART_BACKOFF
+        while True:
+            code = self._execute(command, values, attempt)
+            again = code in transient and not self._signalled and attempt < attempts
+            if not again:
+                break
+            reason = _exit_reason(code)
+            log.warning(
+                "attempt %d of %d: %s; restarting in %.0f s", attempt, attempts, reason, delay
+            )
+            self.say(
+                f"attempt {attempt} of {attempts}: {reason}; restarting in {delay:.0f} s "
+                "(inputs stay mounted, outputs in place)"
+            )
+            self._finishing = False  # a signal during the wait ends the run
+            time.sleep(delay)
+            attempt, delay = attempt + 1, min(delay * 2, RESTART_BACKOFF_MAX)
+        if attempts > 1 and (attempt > 1 or code != EXIT_OK):
+            why = "transient" if code in transient else "not transient"
+            spent = attempt == attempts and code in transient and code != EXIT_OK
+            self.say(
+                f"the command ran {attempt} attempt{'s' if attempt > 1 else ''} of "
+                f"{attempts}; the last {_exit_reason(code)}"
+                + ("" if code == EXIT_OK else f" ({why}{', restarts spent' if spent else ''})")
+            )
+        return code
 
     def _child_ok(self) -> bool:
         return self._child is not None and self._child.returncode == 0
@@ -264,18 +304,18 @@ class JobRun:
 
     # -- the command -----------------------------------------------------------
 
-    def _execute(self, command: str, values: dict[str, str]) -> int:
+    def _execute(self, command: str, values: dict[str, str], attempt: int = 1) -> int:
         cwd = code_dir(self.spec) or self.workdir
-        log.info("running the command in %s", cwd)
-        self.say(f"running the command in {cwd}")
+        log.info("running the command in %s (attempt %d)", cwd, attempt)
+        self.say(f"running the command in {cwd}" + (f" (attempt {attempt})" if attempt > 1 else ""))
+        env = environment.command_env(self.ctx.environ, values, self.ctx.run_name or "")
+        env[environment.ATTEMPT] = str(attempt)
         with activity("command", job=self.spec.name):
             # Its own process group: signals reach the whole command, and what it
             # leaves running in the background ends with it (as when Azure ML
             # tears a job's container down), not holding the mounts busy.
             self._child = subprocess.Popen(
-                ["bash", "-c", command], cwd=cwd,
-                env=environment.command_env(self.ctx.environ, values, self.ctx.run_name or ""),
-                start_new_session=True,
+                ["bash", "-c", command], cwd=cwd, env=env, start_new_session=True,
             )  # fmt: skip
             code = self._child.wait()
             self._finishing = True  # from here on, outputs first (see run())
@@ -315,6 +355,7 @@ class JobRun:
 
         def handle(signum: int, frame: FrameType | None) -> None:
             if self._child is not None and self._child.poll() is None:
+                self._signalled = True
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self._child.pid, signum)
                 return
@@ -369,6 +410,14 @@ class JobRun:
                 modes.finish(self.ctx, item.mountpoint)
             except DatamountError as exc:
                 log.warning("%s: unmount failed: %s", item.mountpoint, exc)
+
+
+def _exit_reason(code: int) -> str:
+    """'exited with 0', 'was killed by SIGKILL (exit 137)'."""
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(code - 128).name} (exit {code})"
+    return f"exited with {code}"
 
 
 def cleanup(workdir: Path, cache_dir: Path, *, remove: bool, keep_logs: bool) -> str | None:

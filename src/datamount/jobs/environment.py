@@ -34,6 +34,10 @@ log = logging.getLogger("datamount.run")
 INPUT_PREFIX = "AZURE_ML_INPUT_"
 OUTPUT_PREFIX = "AZURE_ML_OUTPUT_"
 RUN_ID = "AZUREML_RUN_ID"
+# The attempt (1, 2, ...) of a command `datamount run` runs again after a
+# transient end (DATAMOUNT_RUN_MAX_RESTARTS). Azure ML documents no variable
+# for it; torchrun's own is TORCHELASTIC_RESTART_COUNT (0-based, its restarts).
+ATTEMPT = "DATAMOUNT_RUN_ATTEMPT"
 
 
 def make_workdir(workdir: str | None, run: str) -> Path:
