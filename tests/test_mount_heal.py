@@ -32,7 +32,11 @@ from datamount.mount.control import (
     state_file,
     supervisor_file,
 )
-from datamount.mount.supervise import backoff, death
+from datamount.mount.plan import MountPlan
+from datamount.mount.supervise import Supervised, backoff, death
+from datamount.settings import Settings
+from datamount.storage.credentials import Credential
+from datamount.storage.location import StorageKind, StorageLocation
 from faultproxy import FaultProxy
 from fuse_helpers import Mounts, daemons_of, datamount, mount_env, mounted, spec_file, wait_for
 
@@ -76,6 +80,14 @@ def serving_again(cache: Path, mp: Path, dead: int) -> bool:
     return state is not None and state.pid != dead and alive(state.pid) and not is_stale(mp)
 
 
+def _errno_of(call) -> int:  # noqa: ANN001
+    try:
+        call()
+    except OSError as exc:
+        return exc.errno or 0
+    return 0
+
+
 class Reader(threading.Thread):
     """Reads `path` whole, over and over, through O_DIRECT handles (every
     byte from the daemon); on an error it records the errno, reopens and
@@ -86,6 +98,7 @@ class Reader(threading.Thread):
         self.path = path
         self.errors: list[int] = []  # errno of every failed open or read, in order
         self.failed_reads: list[int] = []  # errno of reads on a handle that had worked
+        self.read_again: list[int] = []  # errno of one more read on that handle
         self.passes = 0
         self.wrong = 0
         self.done = threading.Event()
@@ -117,6 +130,7 @@ class Reader(threading.Thread):
             except OSError as exc:
                 self.errors.append(exc.errno or 0)
                 self.failed_reads.append(exc.errno or 0)
+                self.read_again.append(_errno_of(lambda f=fd, o=offset: os.pread(f, BS, o)))
             finally:
                 os.close(fd)
         return None
@@ -163,6 +177,26 @@ def test_death_says_the_signal_or_the_exit_status() -> None:
     assert death(-200) == "killed by signal 200"
 
 
+@pytest.mark.unit
+def test_the_supervisor_reads_its_fields_from_a_real_plan_line(tmp_path: Path) -> None:
+    blob = StorageLocation(
+        StorageKind.BLOB, "data/", "acct", "box", "https://acct.blob.example", "example",
+        Credential.account_key("a2V5"),
+    )  # fmt: skip
+    settings = Settings.from_env(
+        {"DATAMOUNT_MOUNT_MAX_RESTARTS": "7", "DATAMOUNT_LOG_LEVEL": "DEBUG"}, cache_dir=tmp_path
+    )
+    plan = MountPlan(mode="ro_mount", name="train", direction="input", spec="s.yaml",
+                     mountpoint=tmp_path / "m", location=blob, is_file=False,
+                     settings=settings)  # fmt: skip
+    assert Supervised.from_json(plan.to_json()) == Supervised(
+        mountpoint=tmp_path / "m", mode="ro_mount", label="inputs.train", cache_dir=tmp_path,
+        log_dir=settings.log_dir, log_level="DEBUG", max_restarts=7,
+    )  # fmt: skip
+    with pytest.raises(KeyError):
+        Supervised.from_json('{"mode": "ro_mount"}')
+
+
 # -- real mounts ---------------------------------------------------------------
 
 
@@ -192,10 +226,14 @@ def test_three_kills_under_a_reader_every_byte_exact_and_the_cache_reused(
         reader.stop()
 
     assert reader.wrong == 0 and reader.passes >= 8
-    # A handle open at a death fails with ECONNABORTED (the kernel aborted its
-    # connection); opens until the new daemon mounts fail with ENOTCONN.
-    assert reader.failed_reads and set(reader.failed_reads) == {errno.ECONNABORTED}
-    assert set(reader.errors) == {errno.ENOTCONN, errno.ECONNABORTED}
+    # On a handle open at a death, a read in flight fails with ECONNABORTED
+    # (the kernel aborted the connection), every later call with ENOTCONN, as
+    # do opens on the stale mount; an open in the instant between its detach
+    # and the new mount sees the empty folder under it (ENOENT).
+    assert reader.failed_reads and set(reader.failed_reads) <= {errno.ECONNABORTED, errno.ENOTCONN}
+    assert set(reader.read_again) == {errno.ENOTCONN}  # the handle stays dead: reopen
+    assert errno.ENOTCONN in reader.errors
+    assert set(reader.errors) <= {errno.ENOTCONN, errno.ECONNABORTED, errno.ENOENT}
     assert proxy.ranged_gets("ds/f.bin") == []  # every block from the first daemon's disk cache
     assert dead[0] == first and len({*dead, mounts.daemon(mp)}) == 4  # a new daemon each time
 
