@@ -344,3 +344,33 @@ def test_sigterm_to_the_supervisor_drains_and_unmounts(
     assert "starting it again" not in runtime_log(tmp_path)
     assert not state_file(mounts.cache_dir, mp).exists()
     assert not supervisor_file(state_file(mounts.cache_dir, mp)).exists()
+
+
+@pytest.mark.fuse
+def test_an_rw_mount_is_not_restarted_and_its_unmount_still_fails(
+    azurite, container, proxy: FaultProxy, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    spec = tmp_path / "out.yaml"
+    spec.write_text("outputs:\n  model: {type: uri_folder, mode: rw_mount, "
+                    "path: 'azureml://datastores/store/paths/out/'}\n")  # fmt: skip
+    env = env_for(azurite, proxy, tmp_path, container)
+    mp = mounts.point(tmp_path / "mnt")
+    out = datamount("mount", str(spec), str(mp), env=env)
+    assert out.returncode == 0, out.stderr
+    supervisor = read_supervision(mounts.cache_dir, mp)
+    assert supervisor is not None
+    pid = mounts.daemon(mp)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not alive(supervisor.pid), 30)
+    assert is_stale(mp)
+    errors = [line for line in runtime_log(tmp_path).splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and errors[0].endswith(
+        f"the mount daemon of {mp} killed by SIGKILL; an rw_mount is not restarted (its "
+        "writes in progress are lost): the mount stays stale until `datamount unmount` "
+        "or the next mount clears it"
+    )
+    assert status(env)["restarts"] == 0
+    out = datamount("unmount", str(mp), env=env)
+    assert out.returncode == 4, out.stderr
+    assert f"daemon (pid {pid}) died" in out.stderr
+    assert not mounted(mp) and daemons_of(mp) == []
