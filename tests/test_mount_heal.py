@@ -15,6 +15,7 @@ import json
 import os
 import random
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -33,7 +34,7 @@ from datamount.mount.control import (
     supervisor_file,
 )
 from datamount.mount.plan import MountPlan
-from datamount.mount.supervise import Supervised, backoff, death
+from datamount.mount.supervise import STEADY, Supervised, backoff, death, streak_after
 from datamount.settings import Settings
 from datamount.storage.credentials import Credential
 from datamount.storage.location import StorageKind, StorageLocation
@@ -152,6 +153,14 @@ def kill_and_wait_back(mounts: Mounts, mp: Path, reader: Reader) -> int:
     return pid
 
 
+def _bound(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
 def scrape(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
@@ -168,6 +177,13 @@ def scrape(url: str) -> dict[str, float]:
 @pytest.mark.unit
 def test_backoff_is_immediate_first_then_doubles_up_to_its_cap() -> None:
     assert [backoff(n) for n in range(1, 9)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+@pytest.mark.unit
+def test_a_daemon_that_served_long_enough_ends_the_backoff_streak() -> None:
+    assert streak_after(3, STEADY - 1) == 3  # died quickly again: 4 s before the next
+    assert streak_after(3, STEADY) == 0  # served a minute: the next restart is immediate
+    assert backoff(streak_after(3, STEADY) + 1) == 0.0
 
 
 @pytest.mark.unit
@@ -373,4 +389,41 @@ def test_an_rw_mount_is_not_restarted_and_its_unmount_still_fails(
     out = datamount("unmount", str(mp), env=env)
     assert out.returncode == 4, out.stderr
     assert f"daemon (pid {pid}) died" in out.stderr
+    assert not mounted(mp) and daemons_of(mp) == []
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+def test_a_daemon_that_fails_to_start_again_counts_as_a_death(
+    azurite, container, proxy: FaultProxy, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    """The second restart finds its metrics port taken (during the 1 s
+    backoff) and fails; the third, 2 s later, mounts again."""
+    azurite.seed(container, {"ds/f.bin": BODY})
+    port = free_port()
+    env = env_for(azurite, proxy, tmp_path, container, DATAMOUNT_METRICS_PORT=str(port))
+    cache = tmp_path / "cache"
+    mp = mounts.point(tmp_path / "mnt")
+    mount(tmp_path, mp, env)
+    first = mounts.daemon(mp)
+    os.kill(first, signal.SIGKILL)
+    assert wait_for(lambda: serving_again(cache, mp, first), 30)
+    second = mounts.daemon(mp)
+    with socket.socket() as squatter:
+        os.kill(second, signal.SIGKILL)
+        assert wait_for(lambda: not alive(second))
+        # the dead daemon's socket closes with its last thread: bind as soon as it did
+        assert wait_for(lambda: _bound(squatter, port), 0.8), "the port stayed taken"
+        squatter.listen()
+        assert wait_for(lambda: "failed to start again" in runtime_log(tmp_path), 30)
+    assert wait_for(lambda: serving_again(cache, mp, second), 30)
+    assert (mp / "f.bin").read_bytes() == BODY
+    record = read_supervision(cache, mp)
+    assert record is not None and (record.deaths, record.restarts) == (3, 3)
+    assert record.last_death.startswith("failed to start again: ")
+    assert f"127.0.0.1:{port}" in record.last_death
+    assert "in 2 s (restart 3 of 5)" in runtime_log(tmp_path)
+    assert status(env)["restarts"] == 3
+    out = datamount("unmount", str(mp), env=env)
+    assert out.returncode == 0, out.stderr
     assert not mounted(mp) and daemons_of(mp) == []

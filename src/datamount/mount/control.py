@@ -229,7 +229,7 @@ def prepare_mountpoint(mountpoint: Path, cache_dir: Path, log_dir: Path | None =
     if is_stale(mountpoint):
         state = read_state(cache_dir, mountpoint)
         log.warning("%s: stale mount (its daemon is gone); clearing it", mountpoint)
-        _end_supervisor(cache_dir, mountpoint)
+        _end_supervisor(_supervisor_pid(cache_dir, mountpoint))
         if state is not None and state.pid != os.getpid():
             end_process(state.pid)
         ok, message = fusermount(mountpoint, lazy=True)
@@ -415,8 +415,9 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
     """Drain and unmount a datamount mount; returns what was done."""
     state = read_state(cache_dir, mountpoint)
     pid = state.pid if state is not None and alive(state.pid) else None
+    supervisor = _supervisor_pid(cache_dir, mountpoint)
     if is_stale(mountpoint):
-        _end_supervisor(cache_dir, mountpoint)  # it would mount again behind us
+        _end_supervisor(supervisor)  # it would mount again behind us
         fusermount(mountpoint, lazy=True)
         if pid is not None:
             end_process(pid)
@@ -425,7 +426,7 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
         return "cleared a stale mount"
     entry = find_mount(mountpoint)
     if entry is None:
-        _end_supervisor(cache_dir, mountpoint)
+        _end_supervisor(supervisor)
         _forget(cache_dir, mountpoint)
         if pid is not None:
             end_process(pid)
@@ -446,22 +447,30 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
     if pid is not None and not wait_exit(pid, EXIT_WAIT + timeout):
         log.warning("mount daemon %d did not exit; killing it", pid)
         end_process(pid, grace=2.0)
-    _end_supervisor(cache_dir, mountpoint, wait=EXIT_WAIT)  # it ends with its daemon
+    _end_supervisor(supervisor, wait=EXIT_WAIT)  # it ends with its daemon
     state_file(cache_dir, mountpoint).unlink(missing_ok=True)
     supervisor_file(state_file(cache_dir, mountpoint)).unlink(missing_ok=True)
     _report_unsaved(mountpoint, unsaved_file(state_file(cache_dir, mountpoint)))
     return how
 
 
-def _end_supervisor(cache_dir: Path, mountpoint: Path, wait: float = 0.0) -> None:
-    """The mount's supervisor, if one runs: given `wait` s to end by itself (its
-    daemon gone and the mount not stale, it does), then SIGTERM, SIGKILL."""
+def _supervisor_pid(cache_dir: Path, mountpoint: Path) -> int | None:
+    """The pid of the mount's running supervisor, read before unmounting: it
+    removes its record as it exits."""
     record = read_supervision(cache_dir, mountpoint)
     if record is None or record.pid == os.getpid() or not alive(record.pid):
+        return None
+    return record.pid
+
+
+def _end_supervisor(pid: int | None, wait: float = 0.0) -> None:
+    """The supervisor `pid`, if any: given `wait` s to end by itself (its daemon
+    gone and the mount not stale, it does), then SIGTERM, SIGKILL."""
+    if pid is None:
         return
-    if wait > 0 and wait_exit(record.pid, wait):
+    if wait > 0 and wait_exit(pid, wait):
         return
-    end_process(record.pid)
+    end_process(pid)
 
 
 def _forget(cache_dir: Path, mountpoint: Path) -> None:

@@ -102,6 +102,13 @@ def backoff(restart: int) -> float:
     return 0.0 if restart <= 1 else min(MAX_BACKOFF, 2.0 ** (restart - 2))
 
 
+def streak_after(streak: int, served: float) -> int:
+    """Restarts in a row so far, after a daemon that served `served` seconds
+    died: one that served STEADY seconds or more ends the streak (the next
+    restart is immediate again)."""
+    return 0 if served >= STEADY else streak
+
+
 def death(code: int) -> str:
     """How a daemon ended, from its Popen return code."""
     if code >= 0:
@@ -193,8 +200,7 @@ class Supervisor:
         was told to stop."""
         limit = self.plan.max_restarts
         mp = self.plan.mountpoint
-        if time.monotonic() - self.started >= STEADY:
-            self.quick = 0
+        self.quick = streak_after(self.quick, time.monotonic() - self.started)
         while self.stop is None:
             self._save(deaths=self.record.deaths + 1, last_death=why)
             done = self.record.restarts
