@@ -8,7 +8,7 @@ plan it was handed, relays the start-up handshake, then waits for it
 daemon would, and answers on it once its daemon answers. It keeps the line
 to hand to every daemon and reads only a few fields of it (`Supervised`):
 it lives as long as the mount, so it imports no settings model and no
-storage module (18 MB resident instead of 32, measured 2026-12-02).
+storage module (its cost: docs/production.md, "A daemon that dies").
 
 - A death is a daemon that ends leaving its mount stale (ENOTCONN: killed by
   a signal or the OOM killer, a crash). The next daemon gets the same plan
@@ -216,7 +216,7 @@ class Supervisor:
             self._save(restarts=done + 1)
             try:
                 self.child = self._launch()
-            except DatamountError as exc:
+            except (DatamountError, OSError) as exc:  # OSError: no process at all
                 why = f"failed to start again: {exc}"
                 continue
             log.info("%s mounted again (daemon pid %d, restart %d)", mp, self.child.pid, done + 1)
