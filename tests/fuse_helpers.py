@@ -122,6 +122,8 @@ class Mounts:
         """Detach and kill everything left; returns what had to be cleaned."""
         leftovers = []
         for mp in self.points:
+            # A supervisor (mount.supervise) exits just after its daemon: not a leftover.
+            wait_for(lambda m=mp: not daemons_of(m), 2)
             pids = set(daemons_of(mp))
             state = read_state(self.cache_dir, mp)
             if state is not None and alive(state.pid):

@@ -53,7 +53,13 @@ def test_status_lists_mounts_and_upload_outputs(
 
     os.kill(pid, signal.SIGKILL)  # a crashed daemon leaves a stale mount behind
     assert wait_for(lambda: not alive(pid))
-    assert status(env)[0]["state"].startswith("stale")
+    # restarted in place by default (test_mount_heal.py): "restarting", then "serving"
+    assert status(env)[0]["state"] in ("restarting (daemon killed by SIGKILL)", "serving")
+    assert wait_for(lambda: status(env)[0]["state"] == "serving", 30)
+    pid = mounts.daemon(mp)
+    assert status(env)[0]["restarts"] == 1
+    assert "; 1 restart; " in datamount("status", env=env).stdout
+    os.kill(pid, signal.SIGKILL)  # unmount ends its supervisor (backing off or restarting)
     assert datamount("unmount", str(mp), env=env).returncode == 0
     assert datamount("unmount", str(tmp_path / "res"), env=env).returncode == 0
     assert status(env) == []

@@ -151,6 +151,8 @@ class MountCollector(Collector):
         fs: Mapping[str, int] = snap.get("fs", {})
         c = cache.get
         yield from self._requests(cache)
+        yield _counter("mount_restarts", "Times this mount's daemon died and was started again.",
+                       snap.get("restarts", 0))  # fmt: skip
         yield _counter("storage_bytes", "Bytes read from storage by the read path.",
                        c("bytes_fetched", 0))  # fmt: skip
         yield _counter("storage_retries", "Storage requests repeated after a transient error.",

@@ -1,7 +1,8 @@
 """`datamount status`: what datamount is serving on this node.
 
 Reads what the other commands record under the cache folder — the state file
-of every mount daemon (`<cache>/mounts/*.json`), its stats file, and the
+of every mount daemon (`<cache>/mounts/*.json`), its stats file, its
+supervisor's record (restarts, and why it gave up: mount.supervise), and the
 record of every upload output waiting for its `unmount`
 (`<cache>/outputs/*.json`) — and checks each against the kernel's mount table
 and the process table. Read-only: it never repairs anything (`mount` clears a
@@ -40,7 +41,7 @@ class Entry:
     mountpoint: str
     kind: str  # "mount" (a FUSE daemon) or "upload" (an upload output's folder)
     entry: str  # the spec entry (input or output name)
-    state: str  # serving / stale / daemon gone / waiting for unmount
+    state: str  # serving / restarting / stale / daemon gone / waiting for unmount
     pid: int | None = None
     uri: str = ""
     started: float | None = None
@@ -48,15 +49,21 @@ class Entry:
     metrics_url: str = ""  # the daemon's Prometheus endpoint, "" when off
     rates: dict[str, float] = field(default_factory=dict)  # over the daemon's last interval
     verdict: str = ""  # what limits it now (mount.diagnose)
+    restarts: int = 0  # times its daemon died and was started again in place
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _mount_state(state: control.MountState) -> str:
+def _mount_state(state: control.MountState, record: control.Supervision | None) -> str:
     point = Path(state.mountpoint)
     alive = control.alive(state.pid)
     if control.is_stale(point):
+        if record is not None and record.gave_up:
+            return (f"stale (daemon {record.last_death}; {record.gave_up}; "
+                    "the next mount clears it)")  # fmt: skip
+        if record is not None and control.alive(record.pid):
+            return f"restarting (daemon {record.last_death or 'gone'})"
         return "stale (daemon gone; the next mount clears it)"
     if control.find_mount(point) is None:
         return "not mounted" + ("" if alive else " (daemon gone)")
@@ -76,30 +83,39 @@ def _part(data: dict[str, Any], name: str) -> dict[str, Any]:
     return part if isinstance(part, dict) else {}
 
 
+def _mount_entry(cache_dir: Path, path: Path) -> Entry | None:
+    """The mount whose daemon wrote state file `path`, or None for another file."""
+    if path.suffixes != [".json"]:
+        return None  # beside a state file: <state>.unsaved.json, <state>.supervisor.json
+    try:
+        state = control.MountState(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    data = _stats_file(state.stats_file)
+    supervision = control.read_supervision(cache_dir, Path(state.mountpoint))
+    return Entry(
+        mountpoint=state.mountpoint,
+        kind="mount",
+        entry=state.input,
+        state=_mount_state(state, supervision),
+        pid=state.pid,
+        uri=state.uri,
+        started=state.started,
+        stats=_part(data, "cache"),
+        metrics_url=state.metrics_url,
+        rates=_part(data, "rates"),
+        verdict=str(_part(data, "verdict").get("line", "")),
+        restarts=supervision.restarts if supervision is not None else 0,
+    )
+
+
 def collect(cache_dir: Path) -> list[Entry]:
     """Every mount and upload output recorded under `cache_dir`, by mount point."""
     found: list[Entry] = []
     for path in sorted((cache_dir / "mounts").glob("*.json")):
-        try:
-            state = control.MountState(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            continue
-        data = _stats_file(state.stats_file)
-        found.append(
-            Entry(
-                mountpoint=state.mountpoint,
-                kind="mount",
-                entry=state.input,
-                state=_mount_state(state),
-                pid=state.pid,
-                uri=state.uri,
-                started=state.started,
-                stats=_part(data, "cache"),
-                metrics_url=state.metrics_url,
-                rates=_part(data, "rates"),
-                verdict=str(_part(data, "verdict").get("line", "")),
-            )  # fmt: skip
-        )
+        entry = _mount_entry(cache_dir, path)
+        if entry is not None:
+            found.append(entry)
     for path in sorted((cache_dir / "outputs").glob("*.json")):
         try:
             record = upload_records.UploadOutput(**json.loads(path.read_text()))
@@ -154,6 +170,8 @@ def describe(entry: Entry, now: float | None = None) -> str:
         parts.append(f"pid {entry.pid}")
     if entry.started is not None:
         parts.append(f"up {max(0.0, now - entry.started):.0f} s")
+    if entry.restarts:
+        parts.append(f"{entry.restarts} restart{'s' if entry.restarts != 1 else ''}")
     if entry.uri:
         parts.append(entry.uri)
     stats = entry.stats

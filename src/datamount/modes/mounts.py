@@ -99,13 +99,14 @@ class MountHandler:
 
 
 def _spawn(ctx: Context, plan: MountPlan) -> None:
-    """Start the daemon with the plan on its start-up channel; returns once
+    """Start the daemon, under its supervisor (mount.supervise: it restarts a
+    daemon that dies), with the plan on its start-up channel; returns once
     the mount answers. Its environment is this one (a job's
     environment_variables tune it too) without the workspace's variables:
     the plan already holds the credentials they gave."""
     secrets = ctx.secret_variables()
     env = {k: v for k, v in ctx.environ.items() if k not in secrets}
-    argv = [sys.executable, "-m", "datamount.mount.serve", str(plan.mountpoint)]
+    argv = [sys.executable, "-m", "datamount.mount.supervise", str(plan.mountpoint)]
     log_file = plan.settings.log_dir / RUNTIME_LOG
     pid = control.spawn(argv, mountpoint=plan.mountpoint, log_file=log_file, env=env,
                         plan=plan.to_json())  # fmt: skip

@@ -5,21 +5,26 @@ mount.table; the daemon itself is mount.daemon).
 - `prepare_mountpoint`: a stale mount left by a crashed daemon (ENOTCONN) is
   cleared with `fusermount3 -uz`; a live mount or a non-empty directory is a
   clear error; a missing directory is created.
-- `spawn` (the `mount` command without --foreground): starts the daemon as a
-  new session with stdio to the runtime log, sends it its plan over the
-  start-up channel (a socket pair) and waits on the same channel until the
-  daemon reports the mount answers (or its one-line error), then checks
-  /proc/self/mountinfo itself. The daemon records its pid, spec and mount
-  point in a state file under <cache>/mounts/. `Readiness` is the daemon's
-  end of that channel.
+- `spawn` (the `mount` command without --foreground): starts the mount's
+  supervisor (mount.supervise) as a new session with stdio to the runtime
+  log, sends it its plan over the start-up channel (a socket pair) and waits
+  on the same channel until it reports the mount answers (or its one-line
+  error), then checks /proc/self/mountinfo itself. `launch` is the same
+  handshake for the supervisor's own child, the daemon. The daemon records
+  its pid, spec and mount point in a state file under <cache>/mounts/, the
+  supervisor its pid and restarts beside it (`Supervision`,
+  `<state>.supervisor.json`). `Readiness` is the child's end of the channel.
 - `unmount` (the `unmount` command): retries `fusermount3 -u` until the mount
   is no longer busy or the timeout passes, then forces it (`fusermount3 -uz`)
   and ends the daemon; the daemon sees its loop end, logs its counters and
-  exits. An rw_mount daemon that could not upload everything leaves
-  `<state>.unsaved.json`: `unmount` then fails with OutputError (exit 4).
-  A stale rw_mount (its daemon died: `MountState.mode`) is cleared, then
-  fails the same way, naming what its staging journal (`MountState.staging`)
-  still holds, or that writes in progress may be lost.
+  exits, and so does its supervisor (no restart: the mount is gone, not
+  stale). A stale mount's supervisor (restarting, or backing off) is ended
+  first, so it cannot mount again behind the unmount. An rw_mount daemon
+  that could not upload everything leaves `<state>.unsaved.json`: `unmount`
+  then fails with OutputError (exit 4). A stale rw_mount (its daemon died:
+  `MountState.mode`) is cleared, then fails the same way, naming what its
+  staging journal (`MountState.staging`) still holds, or that writes in
+  progress may be lost.
 
 Threads: none.
 """
@@ -160,6 +165,42 @@ def unsaved_file(state: Path) -> Path:
     return state.with_name(state.stem + ".unsaved.json")
 
 
+@dataclass(frozen=True)
+class Supervision:
+    """What a mount's supervisor records (<state>.supervisor.json): it outlives
+    each daemon's state file, so `status` can say a mount restarted or gave up."""
+
+    pid: int  # the supervisor's
+    restarts: int = 0  # daemons started again in place
+    deaths: int = 0  # daemons that died leaving the mount stale
+    last_death: str = ""  # "killed by SIGKILL", "exited with status 1", ...
+    gave_up: str = ""  # why it stopped restarting ("" while it supervises)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Supervision:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def supervisor_file(state: Path) -> Path:
+    """Where the supervisor of the daemon with state file `state` records itself."""
+    return state.with_name(state.stem + ".supervisor.json")
+
+
+def read_supervision(cache_dir: Path, mountpoint: Path) -> Supervision | None:
+    try:
+        data = json.loads(supervisor_file(state_file(cache_dir, mountpoint)).read_text())
+        return Supervision.from_dict(data)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def restart_count(cache_dir: Path, mountpoint: Path) -> int:
+    """How many times the mount at `mountpoint` was started again (0: never)."""
+    record = read_supervision(cache_dir, mountpoint)
+    return record.restarts if record is not None else 0
+
+
 def read_state(cache_dir: Path, mountpoint: Path) -> MountState | None:
     try:
         data = json.loads(state_file(cache_dir, mountpoint).read_text())
@@ -189,6 +230,7 @@ def prepare_mountpoint(mountpoint: Path, cache_dir: Path, log_dir: Path | None =
     if is_stale(mountpoint):
         state = read_state(cache_dir, mountpoint)
         log.warning("%s: stale mount (its daemon is gone); clearing it", mountpoint)
+        _end_supervisor(_supervisor_pid(cache_dir, mountpoint))
         if state is not None and state.pid != os.getpid():
             end_process(state.pid)
         ok, message = fusermount(mountpoint, lazy=True)
@@ -196,6 +238,7 @@ def prepare_mountpoint(mountpoint: Path, cache_dir: Path, log_dir: Path | None =
             raise DataError(f"mount point {mountpoint} holds a stale mount that cannot be "
                             f"cleared: {message or 'fusermount3 -uz failed'}")  # fmt: skip
         state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+        supervisor_file(state_file(cache_dir, mountpoint)).unlink(missing_ok=True)
     entry = find_mount(mountpoint)
     if entry is not None:
         state = read_state(cache_dir, mountpoint)
@@ -244,11 +287,34 @@ def spawn(
     timeout: float = READY_TIMEOUT,
     plan: str | None = None,
 ) -> int:
-    """Start the daemon `argv` (+ `--ready-fd N`, environment `env`), send it
-    `plan` (one line) over the start-up channel, wait until it reports the
-    mount ready on the same channel, and return its pid. Raises the daemon's
-    error otherwise. The channel is a socket pair: nothing of the plan (which
-    holds credentials) is ever on a command line or in an environment."""
+    """Start the detached process `argv` (+ `--ready-fd N`, environment `env`)
+    as a new session, hand it `plan` and wait until it reports the mount ready
+    (`launch`); returns the daemon's pid (the one the answer names, else the
+    process's own). Raises the daemon's error otherwise."""
+    proc, message = launch(
+        argv, mountpoint=mountpoint, log_file=log_file, env=env, timeout=timeout, plan=plan
+    )
+    proc.returncode = 0  # detached on purpose: the daemon outlives this process
+    pid = message.get("pid")
+    return pid if isinstance(pid, int) else proc.pid
+
+
+def launch(
+    argv: list[str],
+    *,
+    mountpoint: Path,
+    log_file: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = READY_TIMEOUT,
+    plan: str | None = None,
+    new_session: bool = True,
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """Start `argv` (+ `--ready-fd N`), send it `plan` (one line) over the
+    start-up channel, wait until it reports the mount ready on the same
+    channel; returns the process and its answer. Raises its error otherwise
+    (the process is then reaped). The channel is a socket pair: nothing of
+    the plan (which holds credentials) is ever on a command line or in an
+    environment."""
     _make_folder(log_file.parent, "log folder", private.folders)
     ours, theirs = socket.socketpair()
     with ours:
@@ -262,7 +328,7 @@ def spawn(
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=out,
-                    start_new_session=True,  # survives the shell and its signals
+                    start_new_session=new_session,  # survives the shell and its signals
                     cwd="/",  # holds no directory busy
                     env=dict(env) if env is not None else None,
                 )
@@ -271,7 +337,8 @@ def spawn(
         if plan is not None:
             _send_line(ours, plan, timeout)
         line = _read_line(ours.fileno(), timeout)
-    return _answered(proc, line, mountpoint=mountpoint, log_file=log_file, timeout=timeout)
+    message = _answered(proc, line, mountpoint=mountpoint, log_file=log_file, timeout=timeout)
+    return proc, message
 
 
 def _send_line(channel: socket.socket, text: str, timeout: float) -> None:
@@ -284,14 +351,13 @@ def _send_line(channel: socket.socket, text: str, timeout: float) -> None:
 
 def _answered(
     proc: subprocess.Popen[bytes], line: str, *, mountpoint: Path, log_file: Path, timeout: float
-) -> int:
+) -> dict[str, Any]:
     log.info("mount daemon pid %d: %s", proc.pid, line or "no answer")
     message = json.loads(line) if line.startswith("{") else {}
     if message.get("ready"):
         entry = find_mount(mountpoint)
         if entry is not None and entry.fstype == FSTYPE:
-            proc.returncode = 0  # detached on purpose: the daemon outlives this process
-            return proc.pid
+            return dict(message)
         message = {"error": f"the mount daemon reported ready but {mountpoint} is not mounted"}
     if "error" in message:
         try:
@@ -344,8 +410,8 @@ class Readiness:
         with contextlib.suppress(OSError):
             os.close(fd)
 
-    def ok(self) -> None:
-        self._send({"ready": True})
+    def ok(self, **extra: Any) -> None:
+        self._send({"ready": True, **extra})
 
     def fail(self, exc: DatamountError) -> None:
         self._send({"error": str(exc), "exit_code": exc.exit_code})
@@ -358,7 +424,9 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
     """Drain and unmount a datamount mount; returns what was done."""
     state = read_state(cache_dir, mountpoint)
     pid = state.pid if state is not None and alive(state.pid) else None
+    supervisor = _supervisor_pid(cache_dir, mountpoint)
     if is_stale(mountpoint):
+        _end_supervisor(supervisor)  # it would mount again behind us
         fusermount(mountpoint, lazy=True)
         if pid is not None:
             end_process(pid)
@@ -367,6 +435,7 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
         return "cleared a stale mount"
     entry = find_mount(mountpoint)
     if entry is None:
+        _end_supervisor(supervisor)
         _forget(cache_dir, mountpoint)
         if pid is not None:
             end_process(pid)
@@ -387,16 +456,38 @@ def unmount(mountpoint: Path, *, cache_dir: Path, timeout: float) -> str:
     if pid is not None and not wait_exit(pid, EXIT_WAIT + timeout):
         log.warning("mount daemon %d did not exit; killing it", pid)
         end_process(pid, grace=2.0)
+    _end_supervisor(supervisor, wait=EXIT_WAIT)  # it ends with its daemon
     state_file(cache_dir, mountpoint).unlink(missing_ok=True)
+    supervisor_file(state_file(cache_dir, mountpoint)).unlink(missing_ok=True)
     _report_unsaved(mountpoint, unsaved_file(state_file(cache_dir, mountpoint)))
     return how
 
 
+def _supervisor_pid(cache_dir: Path, mountpoint: Path) -> int | None:
+    """The pid of the mount's running supervisor, read before unmounting: it
+    removes its record as it exits."""
+    record = read_supervision(cache_dir, mountpoint)
+    if record is None or record.pid == os.getpid() or not alive(record.pid):
+        return None
+    return record.pid
+
+
+def _end_supervisor(pid: int | None, wait: float = 0.0) -> None:
+    """The supervisor `pid`, if any: given `wait` s to end by itself (its daemon
+    gone and the mount not stale, it does), then SIGTERM, SIGKILL."""
+    if pid is None:
+        return
+    if wait > 0 and wait_exit(pid, wait):
+        return
+    end_process(pid)
+
+
 def _forget(cache_dir: Path, mountpoint: Path) -> None:
-    """The daemon is gone: its state file and its answer go too."""
+    """The daemon is gone: its state file, its answer and its supervisor's record go too."""
     state = state_file(cache_dir, mountpoint)
     state.unlink(missing_ok=True)
     unsaved_file(state).unlink(missing_ok=True)
+    supervisor_file(state).unlink(missing_ok=True)
 
 
 def _report_dead_rw(mountpoint: Path, state: MountState | None) -> None:

@@ -9,6 +9,9 @@ then drain and unmount.
   for open files to be closed — then unmounts (`fusermount3 -u`), and if the
   mount is still busy at the deadline, forces it (`fusermount3 -uz` and ends
   the loop).
+- A stale mount at the mount point (the daemon it replaces died; the
+  supervisor, mount.supervise, started this one) is detached lazily just
+  before mounting, so new opens fail only for the time of that start.
 - rw_mount: once its loop has ended the daemon waits (the rest of the drain
   time) for pending uploads (`fs.writes.finish_writes`); what is still only
   staged (`write.journal.Leftovers`: closed files to upload, and files never closed,
@@ -53,7 +56,7 @@ from datamount.mount.control import (
     unsaved_file,
     write_json,
 )
-from datamount.mount.table import POLL, find_mount, fusermount, unmount_while_busy
+from datamount.mount.table import POLL, find_mount, fusermount, is_stale, unmount_while_busy
 
 log = logging.getLogger("datamount.daemon")
 
@@ -128,6 +131,7 @@ class MountDaemon:
         except (ImportError, OSError) as exc:
             raise DataError(f"FUSE is not available: {exc} (install fuse3)") from None
         self._install_signals()
+        self._clear_stale()
         cfg = self.config
 
         def loop() -> None:
@@ -156,6 +160,14 @@ class MountDaemon:
         self._write_stats()
         log.info("mounted %s (%s, pid %d); access: %s", cfg.mountpoint, cfg.fsname, os.getpid(),
                  self.fs.permissions.describe())  # fmt: skip
+
+    def _clear_stale(self) -> None:
+        """The mount of a daemon that died (ENOTCONN) is detached to mount again
+        in place; handles still open on it keep failing with ENOTCONN."""
+        if is_stale(self.mountpoint):
+            log.warning("%s: stale mount of a daemon that died; detaching it to mount again",
+                        self.mountpoint)  # fmt: skip
+            fusermount(self.mountpoint, lazy=True)
 
     def _set_adapter(self, adapter: Adapter) -> None:
         self._adapter = adapter

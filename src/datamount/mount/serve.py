@@ -128,6 +128,7 @@ def _config(plan: MountPlan, metrics_url: str = "", hints_socket: str = "") -> D
 
 def _snapshot(plan: MountPlan, stack: Stack) -> Callable[[], dict[str, Any]]:
     uri = plan.location.uri()
+    restarts = control.restart_count(plan.settings.cache_dir, plan.mountpoint)  # mount.supervise
 
     def snapshot() -> dict[str, Any]:
         return {
@@ -137,6 +138,7 @@ def _snapshot(plan: MountPlan, stack: Stack) -> Callable[[], dict[str, Any]]:
             "pid": os.getpid(),
             "updated": time.time(),
             "cpu_seconds": round(time.process_time(), 3),
+            "restarts": restarts,
             # Retries happen in the store's policy, shared by every request.
             "cache": {**stack.stats.snapshot(), **_retries(stack)},
             "fs": stack.fs.counters(),
