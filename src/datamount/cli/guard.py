@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from datamount import __version__
+from datamount import __version__, private
 from datamount.cli.parser import PROG
 from datamount.errors import (
     EXIT_FAILURE,
@@ -113,10 +113,13 @@ def start_logging(settings: Settings, command: str, *, explicit: bool) -> None:
 
 
 def _make_log_dir(log_dir: Path) -> None:
+    """The log folder and its missing parents, 0700 as every folder of the cache."""
+    if log_dir.exists() and not log_dir.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "a file of that name is in the way")
     try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise NotADirectoryError(errno.ENOTDIR, "a file of that name is in the way") from None
+        private.folders(log_dir)
+    except FileExistsError:  # a parent is a file
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)) from None
 
 
 def _without_logs(log_dir: Path, exc: OSError) -> None:
