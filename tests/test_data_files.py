@@ -50,10 +50,15 @@ def test_not_a_folder(tmp_path: Path) -> None:
         FileDataset(tmp_path / "missing")
 
 
-def test_importing_never_imports_torch() -> None:
+def test_importing_imports_torch_only_where_it_is_installed() -> None:
+    """The datasets are torch datasets where torch is installed (DataLoader
+    tells an IterableDataset by isinstance), plain classes elsewhere; the
+    daemon side never imports them (test_data_hints.py)."""
+    import importlib.util
+
     code = (
         "import sys, datamount.data as d; d.FileDataset; d.RecordDataset; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == str(importlib.util.find_spec("torch") is not None)

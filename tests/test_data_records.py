@@ -6,7 +6,6 @@ progress, and the exact-resumption property under hypothesis.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -71,7 +70,6 @@ def test_listing_order_without_shuffle(folder: Path) -> None:
     records = list(ds)
     assert ids(records) == list(range(TOTAL))
     assert records[0] == {"id": 0, "text": "row 0"}
-    assert "torch" not in sys.modules
 
 
 def test_a_single_file_and_an_mltable_folder(folder: Path, tmp_path: Path) -> None:
