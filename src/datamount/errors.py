@@ -53,6 +53,28 @@ class UriError(InvalidInput):
     """A path could not be parsed into a Location."""
 
 
+class Unreadable(str):
+    """A problem line about a path the Azure ML SDK accepts but that names
+    nothing datamount can ever read (UnreadablePath): `validate` says it as a
+    warning, the commands that read refuse it. A str, so it travels in
+    `InvalidInput.problems` like any line."""
+
+
+class UnreadablePath(UriError):
+    """A path the SDK's schemas accept that no storage serves to datamount: an
+    account or container name Azure never issues, a scheme such as s3:// or
+    adl://."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        lines = [problems] if isinstance(problems, str) else problems
+        super().__init__([Unreadable(line) for line in lines])
+
+
+def only_unreadable(exc: InvalidInput) -> bool:
+    """Every problem of `exc` is an Unreadable one."""
+    return bool(exc.problems) and all(isinstance(p, Unreadable) for p in exc.problems)
+
+
 class WorkspaceError(InvalidInput):
     """A datastore, data asset or variable named by the spec is missing or bad."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from datamount.cli.parser import PROG
-from datamount.errors import InvalidInput, SpecError
+from datamount.errors import InvalidInput, SpecError, only_unreadable
 from datamount.jobs import commandjob
 from datamount.jobspec.graph import load_pipeline, parse_pipeline, read_yaml
 from datamount.jobspec.job import JobSpec, parse_spec
@@ -66,7 +66,17 @@ def validate_file(ctx: Context, path: Path, kind: str) -> str:
         name = kinds.check_component(data, path)
         return f"{path}: valid (command component {name}, {len(data.get('inputs') or {})} inputs)"
     component = "pipelinecomponent" in str(data.get("$schema") or "").lower()
-    pipeline, specs = check_pipeline(ctx, path, workspace, data=with_placeholders(data))
+    try:
+        pipeline, specs = check_pipeline(ctx, path, workspace, data=with_placeholders(data))
+    except SpecError as exc:
+        if not only_unreadable(exc):
+            raise
+        for line in exc.problems:
+            print(f"{PROG}: warning: {line}", file=sys.stderr)
+        return (
+            f"{path}: valid for the Azure ML SDK, but {len(exc.problems)} of its paths name "
+            "nothing datamount can read (`run` refuses them)"
+        )
     what = f"pipeline component {data.get('name')}" if component else "pipeline job"
     unchecked = [s for s in pipeline.steps.values() if not s.checked]
     for step in unchecked:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from datamount.errors import InvalidInput, SpecError, UriError
+from datamount.cli.parser import PROG
+from datamount.errors import InvalidInput, SpecError, UriError, only_unreadable
 from datamount.jobspec.job import JobSpec
 from datamount.jobspec.uris import LocationKind, parse
 from datamount.log import activity
@@ -36,6 +38,14 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
         return
     result = validate(ctx, Path(args.spec))
     spec = result.spec
+    if spec is None:  # valid as the SDK reads it, but some path datamount can never read
+        for line in result.unreadable:
+            print(f"{PROG}: warning: {line}", file=sys.stderr)
+        print(
+            f"{args.spec}: valid for the Azure ML SDK, but {len(result.unreadable)} of its paths "
+            "name nothing datamount can read (mount, download and run refuse them)"
+        )
+        return
     checked = (
         f"datastores and assets checked against {result.workspace_checked}"
         if result.workspace_checked
@@ -49,8 +59,9 @@ def run(ctx: Context, args: argparse.Namespace) -> None:
 
 @dataclass(frozen=True)
 class Validation:
-    spec: JobSpec
+    spec: JobSpec | None  # None: only `unreadable` paths stand in the way
     workspace_checked: Path | None
+    unreadable: tuple[str, ...] = ()
 
 
 def validate(ctx: Context, spec_path: Path) -> Validation:
@@ -59,7 +70,12 @@ def validate(ctx: Context, spec_path: Path) -> Validation:
     Pure: no network. Every problem of every entry is reported at once.
     """
     with activity("validate"):
-        spec = ctx.load_spec(spec_path)
+        try:
+            spec = ctx.load_spec(spec_path)
+        except SpecError as exc:
+            if not only_unreadable(exc):
+                raise
+            return Validation(None, None, tuple(exc.problems))
         workspace = ctx.load_workspace(required=False)
         if workspace is None:
             return Validation(spec, None)

@@ -201,7 +201,8 @@ def check_steps(pipeline: Pipeline, run: str) -> dict[str, JobSpec]:
             if pipeline.steps[name].type in RUNNABLE:
                 specs[name] = spec
         except SpecError as exc:
-            problems += [f"{pipeline.steps[name].where}: {p}" for p in exc.problems]
+            where = pipeline.steps[name].where
+            problems += [type(p)(f"{where}: {p}") for p in exc.problems]  # Unreadable stays
     if problems:
         raise SpecError(problems)
     return specs

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import unquote, urlsplit
 
-from datamount.errors import UriError
+from datamount.errors import UnreadablePath, UriError
 
 DEFAULT_SUFFIX = "core.windows.net"
 
@@ -122,9 +122,10 @@ def parse(raw: object, where: str = "path") -> Location:
             "cannot read; register the model (models:) and use azureml:<model>:<version>"
         )
     if scheme:
-        raise UriError(
-            f"{where}: {raw!r}: unsupported scheme {scheme!r}; use a local path (./{text} "
-            "if it is one), http(s)://, wasb(s)://, abfs(s):// or azureml://"
+        local = "" if "://" in text else f"a local path (./{text} if it is one), "
+        raise UnreadablePath(
+            f"{where}: {raw!r}: unsupported scheme {scheme!r}; use {local}http(s)://, "
+            "wasb(s)://, abfs(s):// or azureml://"
         )
     return Location(LocationKind.LOCAL, raw, path=text)
 
@@ -146,7 +147,7 @@ def _clean_path(path: str, raw: str, where: str) -> str:
 
 def _check_account(account: str, raw: str, where: str) -> None:
     if not _ACCOUNT.match(account):
-        raise UriError(
+        raise UnreadablePath(
             f"{where}: {raw!r}: {account!r} is not a storage account name "
             "(3-24 lowercase letters and digits)"
         )
@@ -154,7 +155,7 @@ def _check_account(account: str, raw: str, where: str) -> None:
 
 def _check_container(container: str, raw: str, where: str, what: str = "container") -> None:
     if not _CONTAINER.match(container):
-        raise UriError(
+        raise UnreadablePath(
             f"{where}: {raw!r}: {container!r} is not a valid {what} name "
             "(3-63 lowercase letters, digits and hyphens)"
         )
