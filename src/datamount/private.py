@@ -18,6 +18,7 @@ No threads, no state.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -40,7 +41,7 @@ def folders(path: Path | str) -> Path:
     path = Path(path)
     missing: list[Path] = []
     here = path
-    while not here.is_dir():
+    while not os.path.lexists(here):  # a file part way up: ENOTDIR on its child
         missing.append(here)
         if here.parent == here:
             break
@@ -51,6 +52,8 @@ def folders(path: Path | str) -> Path:
         except FileExistsError:
             if not folder.is_dir():
                 raise
+    if not path.is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
     return path
 
 
