@@ -20,7 +20,7 @@ MiB, GB = 1 << 20, 1_000_000_000
 LARGE_TARGET_GB_S = 3.0  # issue 16: projected >= 3 GB/s for large files
 SMALL_TARGET_FILES_S = 10_000  # and >= 10,000 small files/s
 RSS_SLACK_MIB = 100  # issue 16: peak RSS <= the memory budget + 100 MiB
-LARGE, SMALL = (1, 2), (4, 7, 8, 9)  # workloads reading A whole / the files of B
+LARGE, SMALL = (1, 2, 11, 12), (4, 7, 8, 9)  # workloads reading A whole / the files of B
 _RAM_TIER = re.compile(r"read path: .*RAM tier (\d+) B")
 
 

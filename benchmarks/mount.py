@@ -12,7 +12,9 @@ of B, 6 the first os.scandir entry of L against the full listing, 7 all of B by 
 in listing order, 8 by 1 thread in a seeded shuffled order, 9 the same order sent to the
 daemon's hint socket first (file-ahead prefetch, issues 16 and 14), 10 200 seeded random
 64 KiB preads per GiB of A (a sparse reader: it must stay on demand, bytes fetched <= 2 x the
-distinct blocks touched; issue 16). Around each workload:
+distinct blocks touched; issue 16), 11 A by 8 threads, each sequential over its own eighth in
+1 MiB preads, through one open handle (a model loader; issue 29), 12 the same through 8
+handles (sha256 of the whole). Around each workload:
 the daemon's CPU and peak RSS (/proc/<pid>/stat, VmHWM reset first), its stats file's
 bytes_fetched, and the bytes Azurite sent (/proc io). Baselines: `datamount download` of
 A and B, the downloaded A from local disk (evicted with posix_fadvise) and page cache,
@@ -26,7 +28,7 @@ Over HTTPS by default (Azurite with a throwaway CA's leaf certificate, trusted b
 contender through SSL_CERT_FILE / REQUESTS_CA_BUNDLE), `--http` for plain HTTP; the
 s/GiB column is the CPU seconds (reader + daemon) per GiB read.
 
-Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,10] [--repeat N]
+Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,12] [--repeat N]
                            [--scale 0.1] [--keep] [--no-fsspec] [--http] [--no-gil]
                            [--datamount-env NAME=VALUE ...]
 Exit 0 when all ran and checked out (targets are reported, not enforced), 1 otherwise,
@@ -78,8 +80,12 @@ KNOBS = ("DATASET_", "RSLEX_", "DATAMOUNT_")
 NAMES = {1: "1 cold sequential", 2: "2 warm re-read", 3: "3 random 64 KiB",
          4: "4 B, 8 threads", 5: "5 walk + stat B", 6: "6 scandir L",
          7: "7 B, 1 thr listing", 8: "8 B, 1 thr shuffle", 9: "9 B, shuffle+hint",
-         10: "10 sparse random"}  # fmt: skip
-NEEDS = {1: "A", 2: "A", 3: "A", 4: "B", 5: "B", 6: "L", 7: "B", 8: "B", 9: "B", 10: "A"}
+         10: "10 sparse random", 11: "11 A, 8 parts 1 fd", 12: "12 A, 8 parts 8 fds"}  # fmt: skip
+NEEDS = {1: "A", 2: "A", 3: "A", 4: "B", 5: "B", 6: "L", 7: "B", 8: "B", 9: "B", 10: "A",
+         11: "A", 12: "A"}  # fmt: skip
+# Workloads 11 and 12 (issue 29): THREADS sequential streams over A, on 1 handle or on THREADS.
+PARTS = {11: 1, 12: THREADS}
+BY_BYTES = (1, 2, 4, 7, 8, 9, 11, 12)  # rated in MB/s (the others in ops/s)
 # Workloads 7-9 (issues 16 and 14): one reader thread over B in listing order, in a
 # seeded shuffled order, and in that order told to the daemon first (a loader hint).
 ONE_THREAD = {7: "listing", 8: "shuffled", 9: "hinted"}
@@ -109,8 +115,8 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
     def stop(**out: object) -> dict:
         return {"seconds": time.perf_counter() - clock[0], "cpu": cpu() - clock[1], **out}
 
-    size = path.stat().st_size if kind in ("seq", "random") else 0
-    view = memoryview(bytearray(size if kind == "seq" else 0))  # zero-filled: pre-faulted
+    size = path.stat().st_size if kind in ("seq", "random", "parts") else 0
+    view = memoryview(bytearray(size if kind in ("seq", "parts") else 0))  # pre-faulted
     clock = [time.perf_counter(), cpu()]
     if kind == "seq":
         pos = 0
@@ -119,6 +125,22 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
                 pos += n
         out = stop(bytes=pos, ops=-(-pos // READ), problems=0)
         return {**out, "sha256": hashlib.sha256(view[:pos]).hexdigest()}
+    if kind == "parts":  # args: HANDLES; THREADS readers, each over its own part
+        fds = [os.open(path, os.O_RDONLY) for _ in range(int(args[0]))]
+        part = -(-size // THREADS)
+
+        def stream(i: int) -> int:
+            pos, end = i * part, min(size, (i + 1) * part)
+            while pos < end and (n := os.preadv(fds[i % len(fds)], [view[pos : pos + READ]], pos)):
+                pos += n
+            return pos - i * part
+
+        with ThreadPoolExecutor(THREADS) as pool:
+            got = sum(pool.map(stream, range(THREADS)))
+        for fd in fds:
+            os.close(fd)
+        out = stop(bytes=got, ops=-(-got // READ), problems=int(got != size))
+        return {**out, "sha256": hashlib.sha256(view[:size]).hexdigest()}
     if kind == "random":  # args: SOURCE COUNT BUDGET
         wanted, got = offsets(size, int(args[1])), []
         with open(path, "rb", buffering=0) as f:
@@ -441,7 +463,7 @@ def run_datamount(bench: Bench) -> None:
     def on(ds: Dataset | None, kind: str, *args: str) -> Callable[[list[int]], None]:
         def body(wanted: list[int]) -> None:
             assert ds is not None
-            sha = ds.files[0].sha256 if kind == "seq" else ""
+            sha = ds.files[0].sha256 if kind in ("seq", "parts") else ""
             with datamount_mount(bench, ds) as server:
                 for w in [1, 2] if 2 in wanted else wanted:  # a warm read needs a cold one
                     row = probe(
@@ -463,6 +485,8 @@ def run_datamount(bench: Bench) -> None:
     attempt(bench, (6,), "datamount", on(lst, "scandir", str(len(lst.files) if lst else 0)))
     for w, order in ONE_THREAD.items():
         attempt(bench, (w,), "datamount", on(b, "files", str(bench.workdir / "B.list"), "1", order))
+    for w, handles in PARTS.items():
+        attempt(bench, (w,), "datamount", on(a, "parts", str(handles)))
 
 
 def run_baselines(bench: Bench) -> None:
@@ -565,16 +589,14 @@ def report(bench: Bench) -> dict[tuple[int, str], Row]:
             check += f", {r.ops} of {PREADS} reads in the {FSSPEC_BUDGET:g} s budget"
         rate, value, unit = "-", None, ""
         if r.seconds and not r.failed:
-            by_bytes = r.workload in (1, 2, 4, 7, 8, 9)
+            by_bytes = r.workload in BY_BYTES
             per_s = (r.bytes / MB if by_bytes else r.ops) / r.seconds
             rate = f"{per_s:9.1f} MB/s" if by_bytes else f"{per_s:8,.0f} ops/s"
             value, unit = round(per_s, 1), "MB/s" if by_bytes else "ops/s"
         fetched = "n/a" if r.fetched is None else f"{r.fetched / MiB:.1f} MiB"
         # CPU per GiB read, reader and daemon together (TLS's cost: HTTPS against --http)
         cpu = (r.cpu or 0.0) + (r.server_cpu or 0.0)
-        per_gib = (
-            cpu / (r.bytes / (1 << 30)) if r.bytes and r.workload in (1, 2, 4, 7, 8, 9) else None
-        )
+        per_gib = cpu / (r.bytes / (1 << 30)) if r.bytes and r.workload in BY_BYTES else None
         print(f"  {NAMES[r.workload]:<18} {r.contender:<12} {r.seconds:7.2f} {rate:>14} "
               f"{num(r.cpu, '.2f'):>6} {num(r.server_cpu, '.2f'):>6} {num(per_gib, '.2f'):>6} "
               f"{num(r.server_rss, '.0f'):>6} "
@@ -640,8 +662,12 @@ def targets(bench: Bench, best: dict[tuple[int, str], Row]) -> None:
          good(7, "datamount"), good(4, "datamount"), 1.0),
         ("1 reader thread over B shuffled, with the hint >= 3 x without (loader hints)",
          good(9, "datamount"), good(8, "datamount"), 3.0),
+        ("A by 8 threads over their own eighths, one handle >= 0.9 x cold sequential",
+         good(11, "datamount"), good(1, "datamount"), 0.9),
+        ("A by 8 threads over their own eighths, 8 handles >= 0.9 x cold sequential",
+         good(12, "datamount"), good(1, "datamount"), 0.9),
     ]  # fmt: skip
-    print("targets (issues 16 and 14):")
+    print("targets (issues 16, 14 and 29):")
     for text, x, y, limit in ahead:
         got = x.bytes / x.seconds / (y.bytes / y.seconds) if x and y else None
         mark = "n/a " if got is None else "PASS" if got >= limit else "FAIL"
@@ -680,7 +706,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--datasets", default="A,B,L", help="comma-separated: A, B, L")
     parser.add_argument(
-        "--workloads", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated: 1 to 10"
+        "--workloads", default="1,2,3,4,5,6,7,8,9,10,11,12", help="comma-separated: 1 to 12"
     )
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
@@ -713,7 +739,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     wanted = {w.strip() for w in opts.workloads.split(",") if w.strip()}
     opts.workloads = sorted(w for w in NAMES if str(w) in wanted and NEEDS[w] in sets)
     if sets - set("ABL") or wanted - set(map(str, NAMES)) or not opts.workloads:
-        parser.error("--datasets takes A, B, L and --workloads 1 to 10 (one of them needing them)")
+        parser.error("--datasets takes A, B, L and --workloads 1 to 12 (one of them needing them)")
     if opts.repeat < 1 or not 0 < opts.scale <= 1:
         parser.error("--repeat >= 1 and 0 < --scale <= 1")
     return opts

@@ -9,9 +9,10 @@ Handles are independent and safe to use from several threads at once: reads
 are positional, there is no shared file position.
 
 - `BlockReader`: a read asks the BlockFetcher for all the blocks it covers
-  at once (fetched in parallel), tells its handle's PrefetchPolicy what it
-  read and schedules the blocks the policy wants ahead, then waits for its
-  own blocks and assembles the bytes. A read outside a sequential stream is
+  at once (fetched in parallel), tells its handle's StreamTable (one
+  PrefetchPolicy per sequential stream) what it read and schedules the
+  blocks that stream wants ahead, then waits for its own blocks and
+  assembles the bytes. A read outside a sequential stream is
   also reported to the mount's DenseFill (read/densefill.py), which may fill
   the rest of the file and grants its misses part reads (read/parts.py).
   Consistency: every block is keyed by the handle's etag, so a read returns
@@ -44,7 +45,8 @@ from datamount.read.parts import (
     part_span,
     read_part_into,
 )
-from datamount.read.prefetch.policy import PrefetchPolicy, reorder_slack
+from datamount.read.prefetch.policy import reorder_slack
+from datamount.read.prefetch.streams import MAX_STREAMS, StreamTable
 from datamount.storage.base import ObjectStore
 
 
@@ -102,7 +104,8 @@ class DirectReader:
 
 
 class BlockHandle:
-    """One open file in block mode, with its own prefetch window."""
+    """One open file in block mode, with its own prefetch windows (one per
+    sequential stream read through it)."""
 
     def __init__(
         self,
@@ -119,8 +122,9 @@ class BlockHandle:
         # Without a prefetch window (max_window 0) every read looks random: no fill.
         self._dense = dense if max_window > 0 else None
         self.block_size = block_size
-        # Prefetches go out in batches of one request's worth of blocks.
-        self._policy = PrefetchPolicy(
+        # Prefetches go out in batches of one request's worth of blocks; each
+        # sequential stream on the handle (a parallel loader's threads) has its own window.
+        self._policy = StreamTable(
             block_count(obj.size, block_size),
             max_window,
             batch=fetcher.run_blocks,
@@ -128,7 +132,7 @@ class BlockHandle:
         )
         self._lock = threading.Lock()  # guards the policy and `_ahead`
         # The latest prefetches of this handle, cancelled at close.
-        self._ahead: deque[int] = deque(maxlen=max(1, 2 * max_window))
+        self._ahead: deque[int] = deque(maxlen=max(1, 2 * max_window * MAX_STREAMS))
         self._closed = False
 
     def read(self, offset: int, size: int) -> bytes:
@@ -170,7 +174,7 @@ class BlockHandle:
             return iter(())
         end = offset + min(size, self.obj.size - offset)
         with self._lock:
-            ahead = self._policy.on_read(blocks[0], blocks[-1])
+            ahead = self._policy.on_read(blocks[0], blocks[-1], (offset, end))
             random = self._policy.window == 0
         if random and self._dense is not None:
             # (A random read prefetches nothing: `ahead` is empty, window 0.)

@@ -98,6 +98,19 @@ class PrefetchPolicy:
         them again on the next sequential read."""
         self._issued = max(min(self._issued, block), self._hi + 1)
 
+    def issued(self, block: int) -> bool:
+        """`block` was returned by this stream as a prefetch not yet read."""
+        return self._hi < block < self._issued
+
+    def takes(self, first: int, *, near: bool = False) -> bool:
+        """A read from block `first` continues this stream (the reordering
+        slack included); `near`: only a read at most `slack` blocks behind the
+        furthest block read or in the block after it, not anywhere in the
+        window behind it or the blocks ahead."""
+        if near:
+            return self._hi - self.slack <= first <= self._hi + 1
+        return self._in_stream(first)
+
     def _in_stream(self, first: int) -> bool:
         if self._hi < 0:
             # The first read of a handle: a read from the start of the file is
