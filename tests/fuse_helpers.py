@@ -57,9 +57,11 @@ def spec_file(tmp_path: Path, name: str, type_: str, path: str) -> Path:
     return spec
 
 
-def datamount(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def datamount(
+    *args: str, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [EXE, *args], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT
+        [EXE, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=CLI_TIMEOUT
     )
 
 

@@ -1,6 +1,6 @@
 """The cache is private: datamount.private's folders (0700) and files (0600)
-whatever the umask, and a cache folder open to others tightened at mount,
-one of another user refused with one line."""
+whatever the umask, and a cache folder open to others tightened by every
+command, one of another user refused with one line."""
 
 from __future__ import annotations
 
@@ -127,6 +127,39 @@ def test_manifest_in_the_cache_is_private_in_the_target_not(
     assert mode(tmp_path / "target" / MANIFEST_NAME) == 0o666
 
 
+# -- at every command -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_download_tightens_an_old_open_cache_and_refuses_another_users(tmp_path: Path) -> None:
+    """Not only `mount`: a download (its resume manifests are in the cache)
+    tightens a cache an older version left 0755, with the line in its log,
+    and writes nothing into another user's."""
+    (source := tmp_path / "src").mkdir()
+    (source / "a.txt").write_bytes(b"a")
+    cache = tmp_path / "cache"
+    cache.mkdir(0o755)
+    os.chmod(cache, 0o755)
+    env = {**os.environ, "DATAMOUNT_CACHE_DIR": str(cache)}
+    out = datamount("download", str(source), str(tmp_path / "dl"), env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "dl" / "a.txt").read_bytes() == b"a"
+    assert mode(cache) == 0o700
+    log = (cache / "logs" / "datamount-runtime.log").read_text()
+    assert f"cache folder {cache} was open to other users (mode 0755): now 0700" in log
+    other = tmp_path / "other"
+    other.mkdir(0o700)
+    os.chown(other, NOBODY, NOBODY)
+    env["DATAMOUNT_CACHE_DIR"] = str(other)
+    out = datamount("download", str(source), str(tmp_path / "dl2"), env=env, cwd=tmp_path)
+    assert (out.returncode, out.stdout) == (3, "")
+    assert out.stderr == (
+        f"datamount: error: cache folder {other} belongs to uid {NOBODY}, not to this user "
+        "(uid 0); the cache must be private: choose another (--cache-dir, DATAMOUNT_CACHE_DIR)\n"
+    )
+    assert sorted(other.iterdir()) == [] and not (tmp_path / "dl2").exists()
+
+
 # -- at mount -----------------------------------------------------------------
 
 
@@ -169,4 +202,4 @@ def test_mount_refuses_a_cache_folder_of_another_user(
         "(uid 0); the cache must be private: choose another (--cache-dir, DATAMOUNT_CACHE_DIR)\n"
     )
     assert not mounted(mp) and not mp.exists()
-    assert not (cache / "mounts").exists()  # (the CLI's log folder is made before the command)
+    assert sorted(cache.iterdir()) == []  # nothing written there, not even the logs

@@ -1,6 +1,6 @@
 """Storage unreachable for 8 s in the middle of a download and of a mount
 read, 10 times: every run ends with the source's exact bytes, with the
-default retry settings (7 retries, a 60 s budget).
+default retry settings (7 retries, a 90 s budget).
 
 The outage is real at the TCP level: a FaultProxy in front of Azurite closes
 its listening socket (connections are refused) and resets every open

@@ -11,7 +11,8 @@ targets are not written through here: they keep the umask's modes.
 - `write_text(path, text)`: a file written whole (temp + rename), 0600.
 - `private_root(path)`: the cache folder itself, made 0700; one that exists
   and is open to others is tightened to 0700 (one WARNING line), one of
-  another user is refused (NotPrivate, one line).
+  another user is refused (NotPrivate, one line); `refuse_foreign(path)`,
+  that refusal alone, before anything is written there.
 
 No threads, no state.
 """
@@ -22,6 +23,7 @@ import errno
 import logging
 import os
 import stat
+import threading
 from pathlib import Path
 
 log = logging.getLogger("datamount.private")
@@ -65,7 +67,7 @@ def create(path: Path | str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
 def write_text(path: Path, text: str) -> None:
     """Write `path` whole, 0600: a temp file beside it renamed over it, so a
     reader sees the old or the new text, never a part."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = create(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -87,6 +89,24 @@ def tighten(path: Path | str) -> None:
         os.chmod(path, stat.S_IMODE(info.st_mode) & ~OPEN_BITS)
 
 
+def refuse_foreign(path: Path | str) -> None:
+    """NotPrivate when the cache folder `path` exists and belongs to another
+    user; nothing is created (so nothing is written into that folder)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return
+    _ours(Path(path), info)
+
+
+def _ours(path: Path, info: os.stat_result) -> None:
+    if info.st_uid != os.geteuid():
+        raise NotPrivate(
+            f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()}); "
+            "the cache must be private: choose another (--cache-dir, DATAMOUNT_CACHE_DIR)"
+        )
+
+
 def private_root(path: Path | str) -> Path:
     """The cache folder `path`, created 0700, or checked: another user's
     folder is refused (NotPrivate), one of ours open to others is
@@ -94,11 +114,7 @@ def private_root(path: Path | str) -> Path:
     left inside keeps its modes, but nobody else can reach it any more."""
     path = folders(path)
     info = path.stat()
-    if info.st_uid != os.geteuid():
-        raise NotPrivate(
-            f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()}); "
-            "the cache must be private: choose another (--cache-dir, DATAMOUNT_CACHE_DIR)"
-        )
+    _ours(path, info)
     mode = stat.S_IMODE(info.st_mode)
     if mode & OPEN_BITS:
         os.chmod(path, FOLDER_MODE)

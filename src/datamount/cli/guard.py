@@ -8,6 +8,7 @@ a warning). Every command body runs under `guarded`. No threads.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -96,7 +97,13 @@ def start_logging(settings: Settings, command: str, *, explicit: bool) -> None:
     (`explicit`) that cannot be used is DataError (exit 3: nothing started);
     the default folder unusable is one `warning:` line, and the command goes
     on without logs."""
-    log_dir = settings.log_dir
+    log_dir, cache = settings.log_dir, settings.cache_dir
+    in_cache = log_dir.is_relative_to(cache)
+    if in_cache:  # the default: nothing is written into another user's cache
+        try:
+            private.refuse_foreign(cache)
+        except private.NotPrivate as exc:
+            raise DataError(f"cache folder {exc}") from None
     try:
         _make_log_dir(log_dir)
     except OSError as exc:
@@ -110,6 +117,9 @@ def start_logging(settings: Settings, command: str, *, explicit: bool) -> None:
             raise DataError(f"cannot write logs to {log_dir}: {_reason(exc)}") from None
         return _without_logs(log_dir, exc)
     log.info("datamount %s: %s (logs in %s)", __version__, command, files.runtime.parent)
+    if in_cache:  # every command, download included: the cache made private (logged)
+        with contextlib.suppress(OSError):
+            private.private_root(cache)
 
 
 def _make_log_dir(log_dir: Path) -> None:
