@@ -280,6 +280,7 @@ MORE: dict[str, str] = {
     "DATAMOUNT_MOUNT_MAX_RESTARTS": "production.md#a-daemon-that-dies",
     "DATAMOUNT_RUN_MAX_RESTARTS": "specs.md#restarts",
     "DATAMOUNT_RUN_RESTART_EXIT_CODES": "specs.md#restarts",
+    "DATAMOUNT_PIPELINE_PARALLEL": "specs.md#pipelines-components-and-data-assets",
 }
 
 CONFIGURATION_INTRO = """\
@@ -312,10 +313,8 @@ every variable.
 `DATASET_UNMOUNT_TIMEOUT_SECONDS`, `DATAMOUNT_MOUNT_PROCESSES` and the shared
 ones.
 
-Variables read elsewhere: `DATAMOUNT_PIPELINE_PARALLEL` (how many steps of a
-pipeline `datamount run` runs at once, default 2, a whole number ≥ 1; see
-[Pipelines](specs.md#pipelines-components-and-data-assets)); `HTTPS_PROXY`,
-`HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, `SSL_CERT_FILE` and `SSL_CERT_DIR`
+Variables read elsewhere: `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`,
+`NO_PROXY`, `SSL_CERT_FILE` and `SSL_CERT_DIR`
 ([Storage](storage.md)); `RANK` and `WORLD_SIZE`
 ([Training loops](training.md)); `MALLOC_ARENA_MAX` (a mount daemon caps
 glibc's malloc arenas at 2 unless it is set; [design/memory](design/memory.md));

@@ -219,7 +219,7 @@ def test_registry_and_workspace_components_are_looked_up(tmp_path: Path) -> None
     # Not in the local registry: unknown, not empty: validate goes on, `run` says why not.
     for ref, why in (
         ("azureml://registries/other/components/prep/versions/1",
-         "registry 'other' is not in the workspace's registries: section (registries: shared)"),
+         "component 'prep' of registry 'other': the registry is not in the workspace's registries: section (registries: shared)"),
         ("azureml://registries/shared/components/prep/versions/9",
          "component 'prep' has no version '9' in registry shared (versions: 1, 2)"),
         ("azureml:nowhere:1", "component 'nowhere' is not registered in"),

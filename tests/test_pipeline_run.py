@@ -9,6 +9,7 @@ step starts.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -191,7 +192,7 @@ def test_bad_pipelines_exit_2_before_any_step(tmp_path: Path, azurite, container
     assert (
         out.stderr.strip()
         .splitlines()[-1]
-        .endswith("DATAMOUNT_PIPELINE_PARALLEL: '0' is not a whole number >= 1")
+        .endswith("DATAMOUNT_PIPELINE_PARALLEL='0': must be from 1 to 256")
     )
 
 
@@ -263,11 +264,27 @@ def test_what_the_sdk_loads_but_cannot_run_here_is_refused_by_run_alone(
     assert out.stderr.splitlines() == [
         "datamount: warning: jobs.eval.component: azureml://registries/azureml/components/"
         "model_evaluation/versions/0.0.7 is not in the local registry: its interface was not "
-        "checked (`run` needs it registered: `datamount component create FILE`)"
+        "checked (`run` needs it declared in the workspace's registries: azureml: components: "
+        "section)"
     ]
     out = datamount("run", str(spec), env=env)
     assert out.returncode == 2 and not marker.exists()
     assert out.stderr.splitlines()[-1] == (
-        "datamount: error: jobs.eval.component: registry 'azureml' is not in the workspace's "
-        "registries: section (registries: none); declare it there with its components"
+        "datamount: error: jobs.eval.component: component 'model_evaluation' of registry "
+        "'azureml': the registry is not in the workspace's registries: section "
+        "(registries: none); declare it there with its components"
     )
+
+
+def test_component_create_reads_code_as_the_sdk_does(tmp_path: Path) -> None:
+    """`code: file:./src` is the folder ./src beside the component file (the
+    SDK's local prefix), stored absolute in the registry."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "ws.yaml").write_text("datastores: {}\n")
+    write(tmp_path / "c.yml", {"$schema": CMD, "name": "c1", "type": "command",
+                               "code": "file:./src", "command": "echo hi"})  # fmt: skip
+    env = {**os.environ, "DATAMOUNT_WORKSPACE": str(tmp_path / "ws.yaml")}
+    made = datamount("component", "create", str(tmp_path / "c.yml"), env=env)
+    assert (made.returncode, made.stderr) == (0, "datamount: registered component c1:1\n")
+    registry = yaml.safe_load((tmp_path / "ws.assets.yaml").read_text())
+    assert registry["components"]["c1"][0]["component"]["code"] == str(tmp_path / "src")

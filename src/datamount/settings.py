@@ -598,6 +598,11 @@ class Settings(BaseModel):
             "comma-separated; any other ends the run at once."
         ),
     )
+    pipeline_parallel: Processes = Field(
+        2,
+        alias="DATAMOUNT_PIPELINE_PARALLEL",
+        description="Steps of a pipeline job that `datamount run` runs at once.",
+    )
     # -- operability (issue 13): Prometheus metrics of daemons and long transfers --
     # None: no metrics endpoint. 0: a free port (the daemon records its URL, see
     # `datamount status --json`). Binds DATAMOUNT_METRICS_HOST (loopback by default).

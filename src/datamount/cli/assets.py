@@ -19,7 +19,7 @@ from datamount.jobs import commandjob
 from datamount.jobspec.graph import load_pipeline, parse_pipeline, read_yaml
 from datamount.jobspec.job import JobSpec, parse_spec
 from datamount.jobspec.literals import LITERAL_TYPES, bounds_problems
-from datamount.jobspec.pipeline import RUNNABLE, ComponentLookup, Pipeline, Step
+from datamount.jobspec.pipeline import RUNNABLE, ComponentLookup, Pipeline, Step, local_file
 from datamount.jobspec.steps import check_steps
 from datamount.jobspec.typemode import DEFAULT_DATASTORE
 from datamount.modes.context import Context
@@ -80,20 +80,23 @@ def validate_file(ctx: Context, path: Path, kind: str) -> str:
     what = f"pipeline component {data.get('name')}" if component else "pipeline job"
     unchecked = [s for s in pipeline.steps.values() if not s.checked]
     for step in unchecked:
+        registry = kinds.REGISTRY_COMPONENT.match(step.reference or "")
+        how = (
+            f"declared in the workspace's registries: {registry.group(1)}: components: section"
+            if registry
+            else "registered: `datamount component create FILE`"
+        )
         print(
             f"{PROG}: warning: {step.where}.component: {step.reference} is not in the local "
-            "registry: its interface was not checked (`run` needs it registered: "
-            "`datamount component create FILE`)",
+            f"registry: its interface was not checked (`run` needs it {how})",
             file=sys.stderr,
         )
     for line in pipeline.at_run:
         print(f"{PROG}: warning: {line} (`run` refuses it)", file=sys.stderr)
     names = ", ".join(s.name for s in unchecked)
     note = f"; components not checked: {names}" if unchecked else ""
-    return (
-        f"{path}: valid ({what}, {len(pipeline.steps)} steps: "
-        f"{', '.join(pipeline.order)}; {checked}{note})"
-    )
+    steps = f"{len(pipeline.steps)} step{'s' if len(pipeline.steps) != 1 else ''}"
+    return f"{path}: valid ({what}, {steps}: {', '.join(pipeline.order)}; {checked}{note})"
 
 
 def _lookup(workspace: Workspace | None) -> ComponentLookup:
@@ -224,7 +227,7 @@ def component_create(ctx: Context, path: Path, version: str | None) -> str:
     chosen = version if version is not None else data.get("version")
     stored = dict(data)
     if stored.get("code") is not None:
-        stored["code"] = str((path.parent / str(stored["code"])).resolve())
+        stored["code"] = str((path.parent / local_file(str(stored["code"]))).resolve())
     registered = register_component(
         ctx.workspace(), name, None if chosen is None else str(chosen), stored
     )

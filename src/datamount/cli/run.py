@@ -22,14 +22,12 @@ from pathlib import Path
 
 from datamount.cli import assets
 from datamount.cli.guard import fail, guarded, start_logging
-from datamount.errors import EXIT_OK, DatamountError, SettingsError, SpecError
+from datamount.errors import EXIT_OK, DatamountError, SpecError
 from datamount.jobs import commandjob, environment
 from datamount.jobs.pipelinejob import PipelineRun
 from datamount.jobspec.job import load_spec
 from datamount.modes.context import Context
 from datamount.settings import Settings
-
-DEFAULT_PARALLEL = 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,9 +71,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
     path = Path(args.job)
     env = _with_restarts(args, dict(os.environ))  # the steps' `datamount run` inherit it
     try:
-        parallel = _parallel(env)
         run = commandjob.run_name(path.stem)
         settings = Settings.from_env(env, cache_dir=args.cache_dir, log_dir=args.log_dir)
+        parallel = settings.pipeline_parallel
         ctx = Context(settings, env, Path.cwd(), args.workspace, run)
         pipeline, jobs = assets.prepare_run(ctx, path)
         ctx, workdir = _in_workdir(args, run, env)
@@ -122,13 +120,6 @@ def _in_workdir(
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     return Context(settings, env, Path.cwd(), args.workspace, run_name), workdir
-
-
-def _parallel(env: dict[str, str]) -> int:
-    raw = env.get("DATAMOUNT_PIPELINE_PARALLEL", str(DEFAULT_PARALLEL))
-    if not raw.isdigit() or int(raw) < 1:
-        raise SettingsError(f"DATAMOUNT_PIPELINE_PARALLEL: {raw!r} is not a whole number >= 1")
-    return int(raw)
 
 
 def _cleanup(workdir: Path, cache_dir: Path, *, keep_logs: bool) -> None:

@@ -151,8 +151,9 @@ def find_component(workspace: Workspace, reference: str, where: str) -> tuple[di
         if registry is None:
             known = ", ".join(sorted(workspace.config.registries)) or "none"
             raise ComponentNotFound(
-                f"{here}: registry {registry_name!r} is not in the workspace's registries: "
-                f"section (registries: {known}); declare it there with its components"
+                f"{here}: component {name!r} of registry {registry_name!r}: the registry is not "
+                f"in the workspace's registries: section (registries: {known}); declare it "
+                "there with its components"
             )
         declared = registry.components.get(name, [])
         entry = pick_version(declared, version)
