@@ -136,10 +136,10 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
             return pos - i * part
 
         with ThreadPoolExecutor(THREADS) as pool:
-            got = sum(pool.map(stream, range(THREADS)))
+            total = sum(pool.map(stream, range(THREADS)))
         for fd in fds:
             os.close(fd)
-        out = stop(bytes=got, ops=-(-got // READ), problems=int(got != size))
+        out = stop(bytes=total, ops=-(-total // READ), problems=int(total != size))
         return {**out, "sha256": hashlib.sha256(view[:size]).hexdigest()}
     if kind == "random":  # args: SOURCE COUNT BUDGET
         wanted, got = offsets(size, int(args[1])), []
