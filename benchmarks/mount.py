@@ -14,7 +14,9 @@ daemon's hint socket first (file-ahead prefetch, issues 16 and 14), 10 200 seede
 64 KiB preads per GiB of A (a sparse reader: it must stay on demand, bytes fetched <= 2 x the
 distinct blocks touched; issue 16), 11 A by 8 threads, each sequential over its own eighth in
 1 MiB preads, through one open handle (a model loader; issue 29), 12 the same through 8
-handles (sha256 of the whole). Around each workload:
+handles (sha256 of the whole), 13-15 B by a torch DataLoader of 4 workers over
+datamount.data's FileDataset in listing order, shuffled, and shuffled with the order sent by
+`FileDataset.hint` (issue 29). Around each workload:
 the daemon's CPU and peak RSS (/proc/<pid>/stat, VmHWM reset first), its stats file's
 bytes_fetched, and the bytes Azurite sent (/proc io). Baselines: `datamount download` of
 A and B, the downloaded A from local disk (evicted with posix_fadvise) and page cache,
@@ -26,10 +28,14 @@ per 1,000 files, its GIL-held share (py-spy attached around the workload, _gil.p
 
 Over HTTPS by default (Azurite with a throwaway CA's leaf certificate, trusted by every
 contender through SSL_CERT_FILE / REQUESTS_CA_BUNDLE), `--http` for plain HTTP; the
-s/GiB column is the CPU seconds (reader + daemon) per GiB read.
+s/GiB column is the CPU seconds (reader + daemon) per GiB read. `--delay-ms D` puts a
+delay line (_delay.py: D ms each way, 2 x D more on a new connection) between datamount
+and Azurite, as a cloud store's latency (in-region blob storage: ~5-20 ms); fsspec's
+FUSE is not behind it.
 
-Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,12] [--repeat N]
+Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,15] [--repeat N]
                            [--scale 0.1] [--keep] [--no-fsspec] [--http] [--no-gil]
+                           [--delay-ms D]
                            [--datamount-env NAME=VALUE ...]
 Exit 0 when all ran and checked out (targets are reported, not enforced), 1 otherwise,
 130 when interrupted. DATASET_*, RSLEX_*, DATAMOUNT_* variables are cleared for the
@@ -61,6 +67,7 @@ from pathlib import Path
 import _common as bc
 import _scale
 from _common import MB, Dataset, MiB, measure
+from _delay import DelayLine
 from _gil import GilSample, Sampler, isolated
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 from transfer import write_workspace
@@ -80,12 +87,16 @@ KNOBS = ("DATASET_", "RSLEX_", "DATAMOUNT_")
 NAMES = {1: "1 cold sequential", 2: "2 warm re-read", 3: "3 random 64 KiB",
          4: "4 B, 8 threads", 5: "5 walk + stat B", 6: "6 scandir L",
          7: "7 B, 1 thr listing", 8: "8 B, 1 thr shuffle", 9: "9 B, shuffle+hint",
-         10: "10 sparse random", 11: "11 A, 8 parts 1 fd", 12: "12 A, 8 parts 8 fds"}  # fmt: skip
+         10: "10 sparse random", 11: "11 A, 8 parts 1 fd", 12: "12 A, 8 parts 8 fds",
+         13: "13 B, loader list", 14: "14 B, loader shuf", 15: "15 B, loader hint"}  # fmt: skip
 NEEDS = {1: "A", 2: "A", 3: "A", 4: "B", 5: "B", 6: "L", 7: "B", 8: "B", 9: "B", 10: "A",
-         11: "A", 12: "A"}  # fmt: skip
+         11: "A", 12: "A", 13: "B", 14: "B", 15: "B"}  # fmt: skip
+# Workloads 13-15 (issue 29): a DataLoader of LOADER_WORKERS over FileDataset, in each order.
+LOADER = {13: "listing", 14: "shuffled", 15: "hinted"}
+LOADER_WORKERS = 4
 # Workloads 11 and 12 (issue 29): THREADS sequential streams over A, on 1 handle or on THREADS.
 PARTS = {11: 1, 12: THREADS}
-BY_BYTES = (1, 2, 4, 7, 8, 9, 11, 12)  # rated in MB/s (the others in ops/s)
+BY_BYTES = (1, 2, 4, 7, 8, 9, 11, 12, 13, 14, 15)  # rated in MB/s (the others in ops/s)
 # Workloads 7-9 (issues 16 and 14): one reader thread over B in listing order, in a
 # seeded shuffled order, and in that order told to the daemon first (a loader hint).
 ONE_THREAD = {7: "listing", 8: "shuffled", 9: "hinted"}
@@ -141,6 +152,8 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
             os.close(fd)
         out = stop(bytes=total, ops=-(-total // READ), problems=int(total != size))
         return {**out, "sha256": hashlib.sha256(view[:size]).hexdigest()}
+    if kind == "loader":  # args: LIST ORDER; torch's DataLoader over datamount.data
+        return loader(path, args, clock, stop)
     if kind == "random":  # args: SOURCE COUNT BUDGET
         wanted, got = offsets(size, int(args[1])), []
         with open(path, "rb", buffering=0) as f:
@@ -180,6 +193,32 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
             count += sum(1 for _ in it)
         return stop(bytes=0, ops=count, first=first, problems=int(count != int(args[0])))
     raise SystemExit(f"unknown workload {kind!r}")
+
+
+def loader(path: Path, args: list[str], clock: list[float], stop: Callable[..., dict]) -> dict:
+    """All of B through a DataLoader of LOADER_WORKERS processes over FileDataset
+    (its listing taken before the clock starts), in listing order, shuffled, or
+    shuffled with the order sent first by FileDataset.hint."""
+    from torch.utils.data import DataLoader
+
+    from datamount.data import FileDataset
+
+    wanted = dict(line.split("\t") for line in Path(args[0]).read_text().splitlines())
+    files = FileDataset(path)
+    order = list(range(len(files)))
+    if args[1] != "listing":
+        random.Random(SEED).shuffle(order)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    clock[:] = [time.perf_counter(), usage.ru_utime + usage.ru_stime]
+    if args[1] == "hinted" and not files.hint(order):
+        raise SystemExit("FileDataset.hint found no datamount mount")
+    batches: DataLoader[tuple[str, bytes]] = DataLoader(
+        files, sampler=order, batch_size=None, num_workers=LOADER_WORKERS
+    )
+    got = [(rel, hashlib.sha256(data).hexdigest(), len(data)) for rel, data in batches]
+    out = stop(bytes=sum(n for _, _, n in got), ops=len(got))
+    problems = sum(wanted.get(rel) != sha for rel, sha, _ in got) + abs(len(got) - len(wanted))
+    return {**out, "problems": problems}
 
 
 def send_hint(root: Path, rels: list[str]) -> None:
@@ -285,6 +324,7 @@ class Bench:
         self.fsspec_unavailable = ""
         self.startup = 0.0
         self.records: list[dict] = []  # the report's rows, for the run's record
+        self.delay: DelayLine | None = None  # --delay-ms: between datamount and Azurite
 
     def scratch(self, label: str) -> Path:
         """A fresh folder in the work folder, kept until the end of the run: on an
@@ -487,6 +527,8 @@ def run_datamount(bench: Bench) -> None:
         attempt(bench, (w,), "datamount", on(b, "files", str(bench.workdir / "B.list"), "1", order))
     for w, handles in PARTS.items():
         attempt(bench, (w,), "datamount", on(a, "parts", str(handles)))
+    for w, order in LOADER.items():
+        attempt(bench, (w,), "datamount", on(b, "loader", str(bench.workdir / "B.list"), order))
 
 
 def run_baselines(bench: Bench) -> None:
@@ -666,6 +708,8 @@ def targets(bench: Bench, best: dict[tuple[int, str], Row]) -> None:
          good(11, "datamount"), good(1, "datamount"), 0.9),
         ("A by 8 threads over their own eighths, 8 handles >= 0.9 x cold sequential",
          good(12, "datamount"), good(1, "datamount"), 0.9),
+        (f"a DataLoader of {LOADER_WORKERS} over B shuffled, hinted >= 3 x without",
+         good(15, "datamount"), good(14, "datamount"), 3.0),
     ]  # fmt: skip
     print("targets (issues 16, 14 and 29):")
     for text, x, y, limit in ahead:
@@ -697,7 +741,7 @@ def prepare(bench: Bench) -> None:
         )
         bench.sets["L"] = bc.listing_dataset(bench.opts.scale)
         bc.seed_tiny(bench.azurite, STORE, sas, bench.sets["L"])
-    write_workspace(bench.ws, bench.azurite)
+    write_workspace(bench.ws, bench.azurite, bench.delay.port if bench.delay else 0)
     described = "; ".join(f"{ds.name}: {ds.describe()}" for ds in bench.sets.values())
     print(f"seeded {described} in {time.perf_counter() - start:.1f} s")
 
@@ -706,13 +750,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--datasets", default="A,B,L", help="comma-separated: A, B, L")
     parser.add_argument(
-        "--workloads", default="1,2,3,4,5,6,7,8,9,10,11,12", help="comma-separated: 1 to 12"
+        "--workloads",
+        default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
+        help="comma-separated: 1 to 15",
     )
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink datasets, e.g. 0.1")
     parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec FUSE baseline")
     parser.add_argument("--http", action="store_true", help="plain HTTP (default: HTTPS)")
+    parser.add_argument(
+        "--delay-ms",
+        type=float,
+        default=0.0,
+        help="a delay line of this many ms each way between datamount and Azurite (_delay.py)",
+    )
     parser.add_argument(
         "--no-gil", dest="gil", action="store_false", help="no py-spy on the daemon (GIL n/a)"
     )
@@ -739,9 +791,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     wanted = {w.strip() for w in opts.workloads.split(",") if w.strip()}
     opts.workloads = sorted(w for w in NAMES if str(w) in wanted and NEEDS[w] in sets)
     if sets - set("ABL") or wanted - set(map(str, NAMES)) or not opts.workloads:
-        parser.error("--datasets takes A, B, L and --workloads 1 to 12 (one of them needing them)")
-    if opts.repeat < 1 or not 0 < opts.scale <= 1:
-        parser.error("--repeat >= 1 and 0 < --scale <= 1")
+        parser.error("--datasets takes A, B, L and --workloads 1 to 15 (one of them needing them)")
+    if opts.repeat < 1 or not 0 < opts.scale <= 1 or not 0 <= opts.delay_ms <= 1000:
+        parser.error("--repeat >= 1, 0 < --scale <= 1 and 0 <= --delay-ms <= 1000")
     return opts
 
 
@@ -769,11 +821,15 @@ def main(argv: list[str]) -> int:
         cpus = sorted(os.sched_getaffinity(0))
         alone = f"each workload's server alone on CPU {cpus[-1]}, the rest on {cpus[:-1]}"
         print(f"isolate: {alone if len(cpus) > 1 else 'one CPU, nothing to isolate'}")
+    stack = contextlib.ExitStack()
     try:
         runs = [measure([DATAMOUNT, "--version"], bench.env(workdir), 60) for _ in range(3)]
         bench.startup = min(r.seconds for r in runs)
         print(f"datamount start-up {bench.startup:.2f} s (best of 3 `datamount --version`)")
         bench.azurite.start()
+        if opts.delay_ms:
+            bench.delay = stack.enter_context(DelayLine(bench.azurite.port, opts.delay_ms))
+            print(f"delay line: {opts.delay_ms:g} ms each way on port {bench.delay.port}")
         prepare(bench)
         for rep in range(opts.repeat):
             print(f"\nround {rep + 1} of {opts.repeat}")
@@ -789,6 +845,7 @@ def main(argv: list[str]) -> int:
     finally:
         with bc.signals_deferred():
             bc.detach_leftovers(workdir)
+            stack.close()
             bench.azurite.stop()
             if opts.keep:
                 print(f"kept {workdir}")

@@ -117,15 +117,17 @@ class Bench:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def write_workspace(path: Path, azurite: BenchAzurite) -> Path:
-    """A workspace with one datastore `bench` on `azurite`; the key by env reference."""
+def write_workspace(path: Path, azurite: BenchAzurite, port: int = 0) -> Path:
+    """A workspace with one datastore `bench` on `azurite` (through the delay
+    line on `port`, when given); the key by env reference."""
+    endpoint = azurite.endpoint.replace(f":{azurite.port}/", f":{port}/") if port else None
     path.write_text(
         "datastores:\n"
         f"  {STORE}:\n"
         "    type: azure_blob\n"
         f"    account_name: {azurite.account}\n"
         f"    container_name: {STORE}\n"
-        f"    endpoint: {azurite.endpoint}\n"
+        f"    endpoint: {endpoint or azurite.endpoint}\n"
         '    credentials: {account_key: "${AZURITE_ACCOUNT_KEY}"}\n'
     )
     return path
