@@ -280,6 +280,7 @@ MORE: dict[str, str] = {
     "DATAMOUNT_MOUNT_MAX_RESTARTS": "production.md#a-daemon-that-dies",
     "DATAMOUNT_RUN_MAX_RESTARTS": "specs.md#restarts",
     "DATAMOUNT_RUN_RESTART_EXIT_CODES": "specs.md#restarts",
+    "DATAMOUNT_RUN_MAX_RETRIES": "specs.md#restarts",
     "DATAMOUNT_PIPELINE_PARALLEL": "specs.md#pipelines-components-and-data-assets",
 }
 

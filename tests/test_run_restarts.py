@@ -7,11 +7,13 @@ succeeds: 3 attempts, each reading the checkpoints of the ones before back
 exact; the input's bytes fetched once (the mount and its cache stay between
 attempts); the upload output written once, at the end. A permanent failure
 stops after one attempt; a spent budget gives the last attempt's exit code
-and a summary line; a pipeline step restarts the same way.
+and a summary line; a pipeline step restarts the same way; a job retry mounts
+the input again over its warm cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -96,6 +98,18 @@ def puts_of(proxy: FaultProxy, name: str) -> int:
     )
 
 
+def three_attempts_exact(container, proxy: FaultProxy) -> None:  # noqa: ANN001
+    """Each of 3 attempts read the checkpoints of the ones before back exact;
+    the input's bytes came from storage once for all of them (its cache was
+    kept); the upload output was written once, after the last attempt."""
+    sha = hashlib.sha256(DATA).hexdigest()
+    final = "".join(f"attempt {n} {sha}\n" for n in (1, 2, 3)).encode()
+    assert container.download_blob("ckpt/state.txt").readall() == final
+    assert container.download_blob("model/final.txt").readall() == final
+    assert data_bytes_fetched(proxy) == len(DATA)
+    assert puts_of(proxy, "model/final.txt") == 1
+
+
 def test_a_command_killed_twice_resumes_from_its_checkpoint_and_succeeds(
     via_proxy: dict[str, str],
     container,
@@ -111,14 +125,7 @@ def test_a_command_killed_twice_resumes_from_its_checkpoint_and_succeeds(
     assert sum("attempt 2 of 3: was killed by SIGKILL (exit 137); restarting in 2 s" in x
                for x in err) == 1, err  # fmt: skip
     assert any(x.endswith("the command ran 3 attempts of 3; the last exited with 0") for x in err)
-    sha = __import__("hashlib").sha256(DATA).hexdigest()
-    final = "".join(f"attempt {n} {sha}\n" for n in (1, 2, 3)).encode()
-    assert container.download_blob("ckpt/state.txt").readall() == final
-    assert container.download_blob("model/final.txt").readall() == final
-    # The mount stayed: its bytes came from storage once, for all three attempts.
-    assert data_bytes_fetched(proxy) == len(DATA)
-    # The upload output was written once, after the last attempt.
-    assert puts_of(proxy, "model/final.txt") == 1
+    three_attempts_exact(container, proxy)
 
 
 def test_a_permanent_failure_and_a_spent_budget(
@@ -189,3 +196,27 @@ def test_a_pipeline_step_restarts_without_its_finished_predecessor(
     assert out.returncode == 0, out.stderr
     assert marker.read_text() == "ran\n"  # the predecessor ran once
     assert count.read_text() == "1\n2\n"
+
+
+def test_a_job_retry_prepares_the_inputs_again_and_keeps_the_outputs(
+    via_proxy: dict[str, str],
+    container,
+    proxy: FaultProxy,
+    tmp_path: Path,  # noqa: ANN001
+) -> None:
+    """One restart, then the whole job again (--max-retries 1): attempts 1 and
+    2 die, attempt 3 runs in the second job run with the input mounted anew
+    over its warm cache and the checkpoints of both earlier attempts."""
+    spec = job(tmp_path, DIE_UNTIL="3")
+    out = datamount("run", str(spec), "--max-restarts", "1", "--max-retries", "1",
+                    env=via_proxy)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    err = out.stderr.splitlines()
+    assert sum("attempt 1 of 2: was killed by SIGKILL (exit 137); restarting in 1 s" in x
+               for x in err) == 1, err  # fmt: skip
+    assert any(x.endswith(
+        "job run 1 of 2: the command was killed by SIGKILL (exit 137) with its restarts "
+        "spent; preparing the inputs again (outputs stay in place)") for x in err), err  # fmt: skip
+    assert sum("inputs.data (ro_mount): " in x for x in err) == 2, err  # mounted twice
+    assert any(x.endswith("the job ran 2 times of 2; the last attempt exited with 0") for x in err)
+    three_attempts_exact(container, proxy)  # mounted twice over one cache: fetched once

@@ -590,6 +590,15 @@ class Settings(BaseModel):
             "place (`--max-restarts` wins); 0, as an Azure ML command job: never."
         ),
     )
+    run_max_retries: Retries = Field(
+        0,
+        alias="DATAMOUNT_RUN_MAX_RETRIES",
+        description=(
+            "Times `datamount run` runs a whole job again once its command ended for a "
+            "transient reason with its restarts spent: the inputs unmounted and prepared "
+            "anew (caches kept), the outputs in place (`--max-retries` wins); 0: never."
+        ),
+    )
     run_restart_exit_codes: ExitCodes = Field(
         (),
         alias="DATAMOUNT_RUN_RESTART_EXIT_CODES",

@@ -262,6 +262,16 @@ def _run(sub: Any, common: argparse.ArgumentParser) -> None:
             "else 0)"
         ),
     )
+    p.add_argument(
+        "--max-retries",
+        metavar="N",
+        type=_restarts,
+        help=(
+            "once the restarts are spent on a transient end, run the whole job again up to N "
+            "times: inputs prepared anew (caches kept), outputs in place; each pipeline step "
+            "alike (default: DATAMOUNT_RUN_MAX_RETRIES, else 0)"
+        ),
+    )
 
 
 def _restarts(text: str) -> int:

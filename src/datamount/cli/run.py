@@ -98,10 +98,12 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
 
 def _with_restarts(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
-    """`--max-restarts N` wins over DATAMOUNT_RUN_MAX_RESTARTS (a job's
-    environment_variables included)."""
+    """`--max-restarts N` wins over DATAMOUNT_RUN_MAX_RESTARTS, `--max-retries
+    N` over DATAMOUNT_RUN_MAX_RETRIES (a job's environment_variables included)."""
     if getattr(args, "max_restarts", None) is not None:
         env["DATAMOUNT_RUN_MAX_RESTARTS"] = str(args.max_restarts)
+    if getattr(args, "max_retries", None) is not None:
+        env["DATAMOUNT_RUN_MAX_RETRIES"] = str(args.max_retries)
     return env
 
 

@@ -188,10 +188,8 @@ class JobRun:
             except BaseException:  # interrupted: nothing prepared may outlive the run
                 self._undo()
                 raise
-            values = self._values()
-            command = substitute(self.spec.command or "", values)
             try:
-                code = self._attempts(command, values)
+                code = self._runs()
             finally:
                 # From here on a signal no longer interrupts: the job's outputs
                 # are written and its mounts undone first (each bounded by its
@@ -207,17 +205,50 @@ class JobRun:
                 return code if code != EXIT_OK else EXIT_OUTPUTS
             return code
 
-    def _attempts(self, command: str, values: dict[str, str]) -> int:
+    def _runs(self) -> int:
+        """The command's attempts (_attempts) and, while they end for a
+        transient reason with the restarts spent and DATAMOUNT_RUN_MAX_RETRIES
+        lasts, the whole job run again: its inputs unmounted and prepared anew
+        (their caches stay warm), its outputs in place. Returns the last
+        attempt's exit code, or EXIT_DATA when the inputs cannot be prepared
+        again."""
+        settings = self.ctx.settings
+        runs, first = 1 + settings.run_max_retries, 1
+        transient = {KILLED, *settings.run_restart_exit_codes}
+        for run in range(1, runs + 1):
+            values = self._values()
+            command = substitute(self.spec.command or "", values)
+            code, first = self._attempts(command, values, first)
+            if code not in transient or self._signalled or run == runs:
+                break
+            self.say(
+                f"job run {run} of {runs}: the command {_exit_reason(code)} with its restarts "
+                "spent; preparing the inputs again (outputs stay in place)"
+            )
+            log.warning("job run %d of %d ended transient (%d); retrying the job", run, runs, code)
+            self._undo(inputs_only=True)
+            self.prepared = [p for p in self.prepared if p.entry.direction == "output"]
+            try:
+                self._prepare_all(inputs_only=True)
+            except DatamountError as exc:
+                self.say(f"data could not be prepared: {exc}")
+                return EXIT_DATA
+        if runs > 1 and run > 1:
+            self.say(f"the job ran {run} times of {runs}; the last attempt {_exit_reason(code)}")
+        return code
+
+    def _attempts(self, command: str, values: dict[str, str], first: int = 1) -> tuple[int, int]:
         """The command, run again while it ends for a transient reason and the
         restart budget lasts (DATAMOUNT_RUN_MAX_RESTARTS): inputs stay mounted
-        with their caches, outputs (checkpoints) stay in place. Returns the
-        last attempt's exit code."""
+        with their caches, outputs (checkpoints) stay in place. Attempts are
+        numbered from `first`. Returns the last attempt's exit code and the
+        number of the next attempt."""
         settings = self.ctx.settings
         attempts = 1 + settings.run_max_restarts
         transient = {KILLED, *settings.run_restart_exit_codes}
         attempt, delay = 1, RESTART_BACKOFF
         while True:
-            code = self._execute(command, values, attempt)
+            code = self._execute(command, values, first + attempt - 1)
             again = code in transient and not self._signalled and attempt < attempts
             if not again:
                 break
@@ -240,15 +271,17 @@ class JobRun:
                 f"{attempts}; the last {_exit_reason(code)}"
                 + ("" if code == EXIT_OK else f" ({why}{', restarts spent' if spent else ''})")
             )
-        return code
+        return code, first + attempt
 
     def _child_ok(self) -> bool:
         return self._child is not None and self._child.returncode == 0
 
     # -- materialising -------------------------------------------------------------
 
-    def _prepare_all(self) -> None:
-        entries = list(self.spec.data_inputs.values()) + list(self.spec.outputs.values())
+    def _prepare_all(self, *, inputs_only: bool = False) -> None:
+        entries = list(self.spec.data_inputs.values())
+        if not inputs_only:
+            entries += list(self.spec.outputs.values())
         if not entries:
             return
         # Each entry records itself once ready, so an interrupt (which still
