@@ -168,6 +168,9 @@ class FaultProxy:
         self._denied_writes: dict[str, int] = {}
         self._requests: list[Request] = []
         self._sockets: set[socket.socket] = set()
+        self._latency = 0.0  # seconds each request waits before it is forwarded
+        self._in_flight = 0
+        self.most_in_flight = 0  # the most requests forwarded at once
         proxy = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -219,6 +222,11 @@ class FaultProxy:
     def allow_writes(self, blob: str) -> None:
         with self._lock:
             self._denied_writes.pop(blob.strip("/"), None)
+
+    def latency(self, seconds: float) -> None:
+        """Every request waits `seconds` before it goes on: a link's round trip."""
+        with self._lock:
+            self._latency = seconds
 
     def pending(self) -> tuple[int, int]:
         """(failures, resets) still to fire."""
@@ -279,6 +287,7 @@ class FaultProxy:
     def reset(self) -> None:
         with self._lock:
             self._requests.clear()
+            self.most_in_flight = self._in_flight
 
     def close(self) -> None:
         self._server.shutdown()
@@ -360,9 +369,18 @@ class FaultProxy:
                     with self._lock:
                         self._sockets.add(upstream)
                 assert up_file is not None
-                upstream.sendall(head.raw())
-                _relay_body(head, rfile, upstream.sendall)
-                keep = self._relay_response(client, head, up_file, reset=action == "reset")
+                with self._lock:
+                    self._in_flight += 1
+                    self.most_in_flight = max(self.most_in_flight, self._in_flight)
+                    latency = self._latency
+                try:
+                    time.sleep(latency)
+                    upstream.sendall(head.raw())
+                    _relay_body(head, rfile, upstream.sendall)
+                    keep = self._relay_response(client, head, up_file, reset=action == "reset")
+                finally:
+                    with self._lock:
+                        self._in_flight -= 1
                 if not keep or head.closes:
                     return
         except (OSError, ValueError, ConnectionError):

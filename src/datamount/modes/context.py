@@ -20,7 +20,7 @@ from datamount.errors import InvalidInput, SettingsError, SpecError, UriError
 from datamount.jobspec.job import DataInput, DataType, JobSpec, load_spec
 from datamount.jobspec.uris import parse
 from datamount.settings import Settings
-from datamount.storage import ObjectStore, store_for
+from datamount.storage import ObjectStore, latency, store_for
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
 from datamount.workspace.datastores import Workspace, find_workspace
@@ -111,6 +111,18 @@ class Context:
 
     def retry(self) -> RetryPolicy:
         return RetryPolicy.from_settings(self.settings)
+
+    def in_flight(self, store: ObjectStore, key: str, variable: str, base: int) -> int:
+        """Requests to keep in flight to `store`: `base` (the setting of
+        `variable`) when the user set it, else sized to the round trip
+        (storage.latency), with one log line."""
+        if self.environ.get(variable, "").strip():
+            return base
+        rtt = latency.probe(store, key)
+        count = latency.in_flight(base, rtt)
+        log.info("storage round trip %.1f ms: %d requests in flight (%s unset; its default %d)",
+                 rtt * 1000, count, variable, base)  # fmt: skip
+        return count
 
     def store(self, location: StorageLocation, retry: RetryPolicy) -> ObjectStore:
         return store_for(self.settings, location, retry)

@@ -189,8 +189,9 @@ def _download(
     a folder's listing filtered to `shard` before it reaches the Downloader."""
     settings = ctx.settings
     try:
+        threads = ctx.in_flight(store, key, "RSLEX_DOWNLOADER_THREADS", settings.downloader_threads)
         options = DownloadOptions(
-            threads=settings.downloader_threads,
+            threads=threads,
             reserved_free_disk_space=settings.reserved_free_disk_space,
             overwrite=overwrite,
             fsync=settings.download_fsync,

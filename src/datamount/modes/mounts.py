@@ -79,7 +79,7 @@ class MountHandler:
             elif writable:
                 _check_destination(ctx, location, is_file)
             else:
-                _check_source(ctx, location, is_file)
+                plan = _check_source(ctx, plan)
             if not how.foreground:
                 _spawn(ctx, plan)
                 return plan.path
@@ -138,13 +138,21 @@ def _check_destination(ctx: Context, location: StorageLocation, is_file: bool) -
         store.close()
 
 
-def _check_source(ctx: Context, location: StorageLocation, is_file: bool) -> None:
-    """The data exists (before anything is mounted): DataError otherwise."""
-    store = ctx.store(location, ctx.retry())
+def _check_source(ctx: Context, plan: MountPlan) -> MountPlan:
+    """The data exists (before anything is mounted): DataError otherwise. The
+    plan, its read threads sized to the store's round trip (Context.in_flight)."""
+    store = ctx.store(plan.location, ctx.retry())
     try:
-        _check(store, location, is_file)
+        _check(store, plan.location, plan.is_file)
+        settings = plan.settings
+        threads = ctx.in_flight(
+            store, plan.location.key, "DATASET_MOUNT_READ_THREADS", settings.read_threads
+        )
     finally:
         store.close()
+    if threads == settings.read_threads:
+        return plan
+    return dataclasses.replace(plan, settings=settings.model_copy(update={"read_threads": threads}))
 
 
 def _check(store: ObjectStore, location: StorageLocation, is_file: bool) -> None:

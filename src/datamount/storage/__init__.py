@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from datamount.storage.base import ListPage, ObjectInfo, ObjectStore, ReadableStore, WritableStore
+from datamount.storage.latency import MAX_IN_FLIGHT
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import DEFAULT_MIN_SECONDS, RetryPolicy
 
@@ -84,7 +85,8 @@ def store_for(settings: Settings, location: StorageLocation, retry: RetryPolicy)
     ReplicaStore over one store per copy, reading `location.prefer` first
     (storage.replicas): its copies give up after the retry count alone,
     failing over instead of waiting out DATAMOUNT_RETRY_MIN_SECONDS."""
-    pool = max(settings.downloader_threads, settings.read_threads)
+    # Room for the requests in flight a link's round trip may ask for (storage.latency).
+    pool = max(settings.downloader_threads, settings.read_threads, MAX_IN_FLIGHT)
 
     def one(copy: StorageLocation, retry: RetryPolicy = retry) -> ObjectStore:
         return open_store(
