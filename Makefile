@@ -92,6 +92,8 @@ bench: setup bench-deps
 	$(BIN)/python benchmarks/_gil.py calibrate  # the GIL-share method: spinner ~1, sleeper ~0
 	$(BIN)/python benchmarks/transfer.py
 	$(BIN)/python benchmarks/mount.py
+	for ms in 5 20; do $(BIN)/python benchmarks/mount.py --datasets B --no-fsspec \
+		--workloads 7,8,9,13,14,15 --delay-ms $$ms || exit 1; done  # a cloud store's latency
 	$(BIN)/python benchmarks/mltable.py
 
 # The container image (docker/Containerfile) built with podman, rootful.

@@ -602,6 +602,8 @@ def _record_section(record: dict[str, Any]) -> list[str]:
     ]
     if record.get("transport"):
         out.append(f"- transport: {record['transport']}")
+    if delay := _delay_ms(record):
+        out.append(f"- link: a delay line of {delay:g} ms each way (`--delay-ms`)")
     if record.get("source"):
         out.append(f"- source: {_escape(record['source'])}")
     out.append(f"- record: `benchmarks/records/{record['file']}`\n")
@@ -623,11 +625,16 @@ def _record_section(record: dict[str, Any]) -> list[str]:
     return out
 
 
+def _delay_ms(record: dict[str, Any]) -> float:
+    """The delay line a record's run read through (0: none)."""
+    return float((record.get("options") or {}).get("delay_ms") or 0)
+
+
 def benchmarks_page() -> str:
     records = _records()
     newest: dict[str, dict[str, Any]] = {}
     for record in sorted(records, key=lambda r: (_date(r), r["file"])):
-        newest[record["benchmark"]] = record
+        newest[f"{record['benchmark']} {_delay_ms(record)}"] = record  # one per link too
     latest = sorted(newest.values(), key=lambda r: (_date(r), r["file"]), reverse=True)
     out = [
         "# Benchmarks\n",

@@ -37,6 +37,7 @@ slow_link_grows = pytest.mark.skipif(
 )
 def test_in_flight_follows_littles_law_within_its_bounds(base: int, rtt: float, want: int) -> None:
     assert in_flight(base, rtt) == want
+    assert in_flight(base, rtt, cap=16) == max(base, min(16, want))  # a caller's own cap
 
 
 @pytest.mark.unit

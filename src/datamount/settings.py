@@ -373,7 +373,8 @@ class Settings(BaseModel):
         alias="RSLEX_DOWNLOADER_THREADS",
         description=(
             "Concurrent workers of a `download` or an `upload`, of whole-file mode's "
-            "downloads and of an rw_mount's uploads."
+            "downloads and of an rw_mount's uploads. Unset, a download keeps more requests in "
+            "flight over a link with a long round trip (up to 32)."
         ),
     )
     http_retry_count: Retries = Field(
@@ -441,7 +442,9 @@ class Settings(BaseModel):
         default_factory=lambda: _cores() * 4,
         alias="DATASET_MOUNT_READ_THREADS",
         description=(
-            "Workers that fetch a mount's blocks (reads someone waits for before prefetch)."
+            "Workers that fetch a mount's blocks (reads someone waits for before prefetch). "
+            "Unset, a ro_mount keeps more requests in flight over a link with a long round "
+            "trip (up to 64)."
         ),
     )
     block_based_cache_enabled: Flag = Field(

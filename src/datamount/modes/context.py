@@ -112,14 +112,21 @@ class Context:
     def retry(self) -> RetryPolicy:
         return RetryPolicy.from_settings(self.settings)
 
-    def in_flight(self, store: ObjectStore, key: str, variable: str, base: int) -> int:
+    def in_flight(
+        self,
+        store: ObjectStore,
+        key: str,
+        variable: str,
+        base: int,
+        cap: int = latency.MAX_IN_FLIGHT,
+    ) -> int:
         """Requests to keep in flight to `store`: `base` (the setting of
         `variable`) when the user set it, else sized to the round trip
-        (storage.latency), with one log line."""
+        (storage.latency), at most `cap`, with one log line."""
         if self.environ.get(variable, "").strip():
             return base
         rtt = latency.probe(store, key)
-        count = latency.in_flight(base, rtt)
+        count = latency.in_flight(base, rtt, cap)
         log.info("storage round trip %.1f ms: %d requests in flight (%s unset; its default %d)",
                  rtt * 1000, count, variable, base)  # fmt: skip
         return count

@@ -30,7 +30,13 @@ from datamount.modes.context import Context, Target, target
 from datamount.storage import ObjectStore
 from datamount.storage.location import StorageKind, StorageLocation
 from datamount.storage.retry import RetryPolicy
-from datamount.transfer.downloader import Downloader, DownloadOptions, DownloadResult
+from datamount.transfer.downloader import (
+    IN_FLIGHT_BUFFERS,
+    RANGE_SIZE,
+    Downloader,
+    DownloadOptions,
+    DownloadResult,
+)
 from datamount.transfer.progress import Progress
 from datamount.transfer.source import SourceFile, folder_pages
 
@@ -189,7 +195,10 @@ def _download(
     a folder's listing filtered to `shard` before it reaches the Downloader."""
     settings = ctx.settings
     try:
-        threads = ctx.in_flight(store, key, "RSLEX_DOWNLOADER_THREADS", settings.downloader_threads)
+        threads = ctx.in_flight(
+            store, key, "RSLEX_DOWNLOADER_THREADS", settings.downloader_threads,
+            cap=IN_FLIGHT_BUFFERS // RANGE_SIZE,
+        )  # fmt: skip
         options = DownloadOptions(
             threads=threads,
             reserved_free_disk_space=settings.reserved_free_disk_space,

@@ -9,7 +9,8 @@ keep the rate of a store close by, in flight must grow with the time per
 request: `in_flight(base, rtt)` is base x (rtt + SERVICE_SECONDS) /
 SERVICE_SECONDS, from RTT_FLOOR_SECONDS up (below it, the link is as good
 as local), at most MAX_IN_FLIGHT (memory: every request holds a buffer,
-connections and threads), never below `base`.
+connections and threads; a caller whose requests hold large buffers passes a
+lower cap), never below `base`.
 
 `probe(store, key)` measures the round trip on the store's warm connection:
 the fastest of PROBES metadata requests of `key` (an answer of "not found"
@@ -45,10 +46,10 @@ def probe(store: ObjectStore, key: str) -> float:
     return best
 
 
-def in_flight(base: int, rtt: float) -> int:
+def in_flight(base: int, rtt: float, cap: int = MAX_IN_FLIGHT) -> int:
     """Requests to keep in flight over a round trip of `rtt` seconds, for a
-    default of `base` on a store close by."""
+    default of `base` on a store close by; at most `cap` (<= MAX_IN_FLIGHT)."""
     if rtt < RTT_FLOOR_SECONDS:
         return base
     wanted = math.ceil(base * (rtt + SERVICE_SECONDS) / SERVICE_SECONDS)
-    return max(base, min(MAX_IN_FLIGHT, wanted))
+    return max(base, min(cap, MAX_IN_FLIGHT, wanted))

@@ -71,6 +71,9 @@ log = logging.getLogger("datamount.transfer.download")
 # range, small enough that the threads' buffers stay small (threads x range).
 # Why 8 MiB: docs/design/download.md ("Range size").
 RANGE_SIZE = 8 << 20
+# The most range buffers (one per thread) a download sizes its threads up to
+# on a slow link (storage.latency): 32 threads of RANGE_SIZE.
+IN_FLIGHT_BUFFERS = 256 << 20
 MAX_RESTARTS = 3  # a blob rewritten more often than this during one download fails
 # Write-behind (transfer.behind): files up to this size are fetched whole into a
 # slab and written by a writer thread, so a wait on the disk holds no GET back;
