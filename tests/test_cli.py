@@ -47,6 +47,21 @@ def test_version(env: dict[str, str]) -> None:
     assert (result.returncode, result.stdout.strip()) == (0, f"datamount {__version__}")
 
 
+def test_a_local_download_needs_no_workspace(env: dict[str, str], tmp_path: Path) -> None:
+    """The repository's workspace names variables that are unset here: a
+    local source downloads all the same; a datastore path still says why not."""
+    (src := tmp_path / "src").mkdir()
+    (src / "a.txt").write_bytes(b"alpha")
+    bare = {k: v for k, v in env.items() if not k.startswith("AZURITE_")}
+    out = run(["download", str(src), str(tmp_path / "dl")], bare)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "dl" / "a.txt").read_bytes() == b"alpha"
+    out = run(["download", "azureml://datastores/workspaceblobstore/paths/x/", str(tmp_path / "d2")],
+              bare)  # fmt: skip
+    assert out.returncode == 2
+    assert "environment variable AZURITE_ACCOUNT_KEY is not set" in out.stderr
+
+
 @pytest.mark.parametrize(
     "name", ["input-single.yaml", "inputs-outputs.yaml", "command-job.yaml", "mltable-eval.yaml"]
 )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from datamount.errors import InvalidInput, SettingsError, SpecError, UriError
 from datamount.jobspec.job import DataInput, DataType, JobSpec, load_spec
-from datamount.jobspec.uris import parse
+from datamount.jobspec.uris import LocationKind, parse
 from datamount.settings import Settings
 from datamount.storage import ObjectStore, latency, store_for
 from datamount.storage.location import StorageKind, StorageLocation
@@ -199,6 +199,10 @@ def target(ctx: Context, source: str, name: str | None, direction: str) -> Targe
         return Target(location, entry.type is DataType.URI_FILE, f"{entry.direction}s.{entry.name}")
     if name:
         raise UriError(f"--{direction} {name}: only applies to a spec file, not a path or URI")
-    location = ctx.workspace().resolve(parse(source, direction), where=direction, base_dir=ctx.cwd)
+    parsed = parse(source, direction)
+    # A local path needs no datastore: a workspace file that cannot be read
+    # (a variable it names is unset) does not stand in its way.
+    workspace = Workspace.empty() if parsed.kind is LocationKind.LOCAL else ctx.workspace()
+    location = workspace.resolve(parsed, where=direction, base_dir=ctx.cwd)
     is_file = True if location.kind is StorageKind.HTTP else None
     return Target(location, is_file, source)
