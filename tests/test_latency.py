@@ -49,6 +49,21 @@ def test_a_local_store_is_no_link() -> None:
     assert probe(store, "missing/") < RTT_FLOOR_SECONDS  # not found is an answer too
 
 
+@pytest.mark.unit
+def test_a_failure_other_than_not_found_is_the_works_own() -> None:
+    """A refused credential is raised by the probe, as the download's listing
+    would raise it: one error, before any work starts."""
+    from datamount.errors import StorageError
+    from datamount.storage.latency import probe
+
+    class Refusing(MemoryStore):
+        def stat(self, key: str) -> object:  # type: ignore[override]
+            raise StorageError("AuthorizationFailure: no", transient=False)
+
+    with pytest.raises(StorageError, match="AuthorizationFailure"):
+        probe(Refusing(), "a")
+
+
 @pytest.fixture
 def slow_link(azurite, container, proxy: FaultProxy, tmp_path: Path) -> dict[str, str]:  # noqa: ANN001
     for name, data in FILES.items():

@@ -15,6 +15,7 @@ import pytest
 from datamount.mount.plan import EvalFile, MountPlan
 from datamount.settings import Settings
 from datamount.storage.credentials import Credential
+from datamount.storage.latency import PROBES
 from datamount.storage.location import StorageKind, StorageLocation
 from faultproxy import FaultProxy
 from fuse_helpers import Mounts, datamount, mount_env, mounted, spec_file
@@ -47,9 +48,10 @@ def test_one_mount_resolves_once_and_checks_the_source_once(
     proxy.reset()
     out = datamount("mount", str(file_spec), str(mp), env=env)
     assert out.returncode == 0, out.stderr
-    # The source stat of the whole mount (before: one by `mount`, one by its daemon).
+    # The source stat of the whole mount (before: one by `mount`, one by its
+    # daemon), and the round-trip probe's (storage.latency) on its connection.
     heads = [r for r in proxy.requests if r.method == "HEAD" and r.path == blob]
-    assert len(heads) == 1, proxy.requests
+    assert len(heads) == 1 + PROBES, proxy.requests
     assert workspace_loads(tmp_path) == 1  # the daemon loaded none
     assert (mp / "data.bin").read_bytes() == DATA
 

@@ -142,12 +142,16 @@ def _check_source(ctx: Context, plan: MountPlan) -> MountPlan:
     """The data exists (before anything is mounted): DataError otherwise. The
     plan, its read threads sized to the store's round trip (Context.in_flight)."""
     store = ctx.store(plan.location, ctx.retry())
+    settings = plan.settings
     try:
         _check(store, plan.location, plan.is_file)
-        settings = plan.settings
-        threads = ctx.in_flight(
-            store, plan.location.key, "DATASET_MOUNT_READ_THREADS", settings.read_threads
-        )
+        try:
+            threads = ctx.in_flight(
+                store, plan.location.key, "DATASET_MOUNT_READ_THREADS", settings.read_threads
+            )
+        except StorageError as exc:  # the source answered its check: the default then
+            log.warning("%s: the round trip could not be timed: %s", plan.location.uri(), exc)
+            threads = settings.read_threads
     finally:
         store.close()
     if threads == settings.read_threads:

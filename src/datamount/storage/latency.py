@@ -14,9 +14,10 @@ lower cap), never below `base`.
 
 `probe(store, key)` measures the round trip on the store's warm connection:
 the fastest of PROBES metadata requests of `key` (an answer of "not found"
-is a round trip too). The caller applies the result only where the user set
-no thread count; docs/design/storage.md has the measurements behind the
-constants. No threads, no state.
+is a round trip too; any other failure is raised, as the work would meet
+it). The caller applies the result only where the user set no thread count;
+docs/design/storage.md has the measurements behind the constants. No
+threads, no state.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import contextlib
 import math
 import time
 
+from datamount.errors import ObjectNotFound
 from datamount.storage.base import ObjectStore
 
 # A request's own time on a store close by, and the round trip below which
@@ -32,15 +34,17 @@ from datamount.storage.base import ObjectStore
 SERVICE_SECONDS = 0.004
 RTT_FLOOR_SECONDS = 0.003
 MAX_IN_FLIGHT = 64
-PROBES = 3
+PROBES = 2
 
 
 def probe(store: ObjectStore, key: str) -> float:
-    """The store's round trip in seconds: the fastest of PROBES stats of `key`."""
+    """The store's round trip in seconds: the fastest of PROBES stats of `key`.
+    A failure other than "not found" is raised: it is the one the work that
+    follows would meet (a token that cannot be had, a refused credential)."""
     best = math.inf
     for _ in range(PROBES):
         start = time.perf_counter()
-        with contextlib.suppress(OSError):  # not found, or a folder: answered all the same
+        with contextlib.suppress(ObjectNotFound):  # a folder's key: answered all the same
             store.stat(key)
         best = min(best, time.perf_counter() - start)
     return best
