@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from datamount.storage.latency import MAX_IN_FLIGHT, RTT_FLOOR_SECONDS, in_flight
+from datamount.storage.latency import MAX_IN_FLIGHT, PROBES, RTT_FLOOR_SECONDS, in_flight
 from datamount.storage.memory import MemoryStore
 from faultproxy import FaultProxy
 from fuse_helpers import Mounts, datamount, mount_env, spec_file
@@ -47,6 +47,8 @@ def test_a_local_store_is_no_link() -> None:
     store = MemoryStore({"a": b"x"})
     assert probe(store, "a") < RTT_FLOOR_SECONDS
     assert probe(store, "missing/") < RTT_FLOOR_SECONDS  # not found is an answer too
+    assert probe(store, "") < RTT_FLOOR_SECONDS  # the container's root
+    assert store.requests["stat"] == 3 * PROBES
 
 
 @pytest.mark.unit

@@ -35,17 +35,20 @@ SERVICE_SECONDS = 0.004
 RTT_FLOOR_SECONDS = 0.003
 MAX_IN_FLIGHT = 64
 PROBES = 2
+# What the probe stats when `key` is the container's root ("" is no blob name:
+# HTTP 400): a name no blob has, answered "not found".
+ROOT_PROBE = ".datamount-round-trip"
 
 
 def probe(store: ObjectStore, key: str) -> float:
     """The store's round trip in seconds: the fastest of PROBES stats of `key`.
     A failure other than "not found" is raised: it is the one the work that
     follows would meet (a token that cannot be had, a refused credential)."""
-    best = math.inf
+    best, target = math.inf, key.rstrip("/") or ROOT_PROBE
     for _ in range(PROBES):
         start = time.perf_counter()
         with contextlib.suppress(ObjectNotFound):  # a folder's key: answered all the same
-            store.stat(key)
+            store.stat(target)
         best = min(best, time.perf_counter() - start)
     return best
 
