@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
-# The mount benchmark's baselines: fsspec's own FUSE (fusepy on libfuse2) and rclone.
+# The mount benchmark's baseline, fsspec's own FUSE, needs fusepy on libfuse2.
 bench-deps: setup
 	@ldconfig -p | grep -q 'libfuse\.so\.2 ' || { \
 		echo "installing system packages: libfuse2"; \
@@ -39,10 +39,6 @@ bench-deps: setup
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			$$SUDO apt-get install -y -qq libfuse2t64 2>/dev/null || \
 			$$SUDO apt-get install -y -qq libfuse2; }
-	@command -v rclone >/dev/null 2>&1 || { \
-		echo "installing system packages: rclone (a mount benchmark baseline)"; \
-		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq rclone; }
 	$(BIN)/pip install -q -e '.[test,bench]'
 
 $(NODE_STAMP): package.json

@@ -20,8 +20,7 @@ datamount.data's FileDataset in listing order, shuffled, and shuffled with the o
 the daemon's CPU and peak RSS (/proc/<pid>/stat, VmHWM reset first), its stats file's
 bytes_fetched, and the bytes Azurite sent (/proc io). Baselines: `datamount download` of
 A and B, the downloaded A from local disk (evicted with posix_fadvise) and page cache,
-fsspec's FUSE over adlfs (fusepy, libfuse2) for 1, 3 (60 s budget) and 4, and rclone mount
---vfs-cache-mode full (Debian's rclone) for 1, 11 and 12. Every mount
+and fsspec's FUSE over adlfs (fusepy, libfuse2) for 1, 3 (60 s budget) and 4. Every mount
 is taken down in a finally, Ctrl-C and SIGTERM included (fusermount3 -uz, SIGKILL last).
 At the end (benchmarks/_scale.py): per datamount workload the daemon's CPU per GiB and
 per 1,000 files, its GIL-held share (py-spy attached around the workload, _gil.py;
@@ -35,8 +34,7 @@ and Azurite, as a cloud store's latency (in-region blob storage: ~5-20 ms); fssp
 FUSE is not behind it.
 
 Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,15] [--repeat N]
-                           [--scale 0.1] [--keep] [--no-fsspec] [--no-rclone] [--http]
-                           [--no-gil]
+                           [--scale 0.1] [--keep] [--no-fsspec] [--http] [--no-gil]
                            [--delay-ms D]
                            [--datamount-env NAME=VALUE ...]
 Exit 0 when all ran and checked out (targets are reported, not enforced), 1 otherwise,
@@ -102,8 +100,7 @@ BY_BYTES = (1, 2, 4, 7, 8, 9, 11, 12, 13, 14, 15)  # rated in MB/s (the others i
 # Workloads 7-9 (issues 16 and 14): one reader thread over B in listing order, in a
 # seeded shuffled order, and in that order told to the daemon first (a loader hint).
 ONE_THREAD = {7: "listing", 8: "shuffled", 9: "hinted"}
-FSSPEC, RCLONE = "fsspec FUSE", "rclone vfs full"
-ORDER = ("datamount", "download", "local cache", "local disk", FSSPEC, RCLONE)
+ORDER = ("datamount", "download", "local cache", "local disk", "fsspec FUSE")
 
 
 class Failed(Exception):
@@ -324,7 +321,7 @@ class Bench:
         self.sets: dict[str, Dataset] = {}
         self.ws = workdir / "workspace.yaml"
         self.rows: dict[tuple[int, str], list[Row]] = {}
-        self.unavailable: dict[str, str] = {}  # peers that cannot run here, and why
+        self.fsspec_unavailable = ""
         self.startup = 0.0
         self.records: list[dict] = []  # the report's rows, for the run's record
         self.delay: DelayLine | None = None  # --delay-ms: between datamount and Azurite
@@ -394,26 +391,14 @@ def daemons(cache: Path, mp: Path) -> set[int]:
 
 
 @contextlib.contextmanager
-def peer_mount(bench: Bench, peer: str) -> Iterator[Server]:
-    """A peer's FUSE mount of the whole container, in the foreground: fsspec's over
-    adlfs (`mount.py serve-fsspec`) or `rclone mount --vfs-cache-mode full` (the
-    key by RCLONE_AZUREBLOB_KEY, never argv); Failed('unavailable (...)') when the
-    peer cannot run here."""
-    scratch = bench.scratch(peer)
+def fsspec_mount(bench: Bench) -> Iterator[Server]:
+    """fsspec's FUSE over adlfs on the whole container (`mount.py serve-fsspec`)."""
+    scratch = bench.scratch("fsspec")
     (mp := scratch / "mnt").mkdir()
-    env = bench.env(scratch)
-    argv = [PYTHON, HERE, "serve-fsspec", str(mp)]
-    if peer == RCLONE:
-        if shutil.which("rclone") is None:
-            raise Failed("unavailable (no rclone on PATH: apt-get install rclone)")
-        argv = ["rclone", "mount", f":azureblob:{STORE}", str(mp), "--azureblob-account",
-                bench.azurite.account, "--azureblob-endpoint", bench.azurite.endpoint,
-                "--vfs-cache-mode", "full", "--cache-dir", str(scratch / "cache")]  # fmt: skip
-        env["RCLONE_AZUREBLOB_KEY"] = bench.azurite.key
     with open(scratch / "serve.log", "wb") as log:
         proc = subprocess.Popen(
-            argv,
-            env=env,
+            [PYTHON, HERE, "serve-fsspec", str(mp)],
+            env=bench.env(scratch),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -427,7 +412,7 @@ def peer_mount(bench: Bench, peer: str) -> Iterator[Server]:
                 lines = (scratch / "serve.log").read_text(errors="replace").strip().splitlines()
                 raise Failed(f"unavailable ({(lines or ['exited'])[-1]})")
             if time.monotonic() > deadline:
-                raise Failed(f"{peer} did not answer in 30 s")
+                raise Failed("fsspec's FUSE did not answer in 30 s")
             time.sleep(0.1)
         yield Server(proc.pid, mp)
     finally:
@@ -581,35 +566,28 @@ def run_baselines(bench: Bench) -> None:
 
 
 def run_fsspec(bench: Bench) -> None:
-    """fsspec's FUSE over adlfs on 1, 4 and 3 (a 60 s budget)."""
-    listed, randomly = (str(bench.workdir / "B.list"),), random_args(bench, FSSPEC_BUDGET)
-    run_peer(bench, FSSPEC, [(1, "seq", ()), (4, "files", listed), (3, "random", randomly)])
-
-
-def run_rclone(bench: Bench) -> None:
-    """rclone mount --vfs-cache-mode full on 1 and on A's 8 parts (11, 12)."""
-    run_peer(bench, RCLONE, [(1, "seq", ()), *((w, "parts", (str(n),)) for w, n in PARTS.items())])
-
-
-def run_peer(bench: Bench, peer: str, jobs: list[tuple[int, str, tuple[str, ...]]]) -> None:
-    """A fresh mount of `peer` per workload; 'unavailable' is no failure."""
+    """fsspec's FUSE over adlfs, a fresh one per workload; 'unavailable' is no failure."""
     a = bench.sets.get("A")
-    for w, kind, args in jobs:
-        if w not in bench.workloads or peer in bench.unavailable:
+    listed, randomly = (str(bench.workdir / "B.list"),), random_args(bench, FSSPEC_BUDGET)
+    jobs = [
+        (1, "seq", "A/big.bin", ()),
+        (4, "files", "B", listed),
+        (3, "random", "A/big.bin", randomly),
+    ]
+    for w, kind, rel, args in jobs:
+        if w not in bench.workloads or bench.fsspec_unavailable:
             continue
-        rel = "B" if NEEDS[w] == "B" else "A/big.bin"
-        sha = a.files[0].sha256 if a and kind in ("seq", "parts") else ""
+        sha = a.files[0].sha256 if a and kind == "seq" else ""
         try:
-            with peer_mount(bench, peer) as server:
-                bench.add(
-                    probe(bench, Row(w, peer), server, kind, server.root / rel, *args, sha=sha)
-                )
+            with fsspec_mount(bench) as server:
+                row = Row(w, "fsspec FUSE")
+                bench.add(probe(bench, row, server, kind, server.root / rel, *args, sha=sha))
         except Failed as exc:
             if not str(exc).startswith("unavailable"):
-                bench.add(Row(w, peer, failed=str(exc)))
+                bench.add(Row(w, "fsspec FUSE", failed=str(exc)))
                 continue
-            bench.unavailable[peer] = str(exc)[len("unavailable (") : -1]
-            print(f"  {peer}: unavailable ({bench.unavailable[peer]})", flush=True)
+            bench.fsspec_unavailable = str(exc)[len("unavailable (") : -1]
+            print(f"  fsspec FUSE: unavailable ({bench.fsspec_unavailable})", flush=True)
 
 
 # -- reporting ---------------------------------------------------------------------------
@@ -741,9 +719,8 @@ def targets(bench: Bench, best: dict[tuple[int, str], Row]) -> None:
     for w, (hinted, unhinted) in {"1 reader": (9, 8), "the DataLoader": (15, 14)}.items():
         if (x := good(hinted, "datamount")) and (y := good(unhinted, "datamount")):
             print(f"hinted / unhinted shuffle, {w}: {y.seconds / x.seconds:.2f}")
-    for peer, workloads in ((FSSPEC, (1, 3, 4)), (RCLONE, (1, 11, 12))):
-        vs = [f"{w}: {r:.2f}" for w in workloads if (r := ratio(w, "datamount", peer))]
-        print(f"datamount / {peer} throughput: " + (", ".join(vs) or "n/a"))
+    vs = [f"{w}: {r:.2f}" for w in (1, 3, 4) if (r := ratio(w, "datamount", "fsspec FUSE"))]
+    print("datamount / fsspec FUSE throughput: " + (", ".join(vs) or "n/a"))
 
 
 # -- main --------------------------------------------------------------------------------
@@ -784,7 +761,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink datasets, e.g. 0.1")
     parser.add_argument("--no-fsspec", action="store_true", help="skip the fsspec FUSE baseline")
-    parser.add_argument("--no-rclone", action="store_true", help="skip the rclone mount baseline")
     parser.add_argument("--http", action="store_true", help="plain HTTP (default: HTTPS)")
     parser.add_argument(
         "--delay-ms",
@@ -860,9 +836,8 @@ def main(argv: list[str]) -> int:
         prepare(bench)
         for rep in range(opts.repeat):
             print(f"\nround {rep + 1} of {opts.repeat}")
-            skip = {run_fsspec: opts.no_fsspec, run_rclone: opts.no_rclone}
-            for contenders in (run_baselines, run_datamount, run_fsspec, run_rclone):
-                if not skip.get(contenders):
+            for contenders in (run_baselines, run_datamount, run_fsspec):
+                if not (opts.no_fsspec and contenders is run_fsspec):
                     contenders(bench)
         best = report(bench)
         targets(bench, best)
