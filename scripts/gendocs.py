@@ -447,7 +447,8 @@ make bench-diagnose            # each bottleneck verdict provoked (about 5 minut
 
 `make bench` first runs `python benchmarks/_gil.py calibrate` (the GIL-share
 method: one busy thread for 2 s reads about 1, a sleeping process about 0),
-then `benchmarks/transfer.py`, `benchmarks/mount.py` and
+then `benchmarks/transfer.py`, `benchmarks/mount.py` (also behind a delay
+line of 5 and 20 ms each way, `--delay-ms`, for the small-file workloads) and
 `benchmarks/mltable.py`. It installs what the baselines need: `fusepy` and
 `py-spy` (the `bench` extra) and, when missing, Debian's `libfuse2` (fsspec's
 FUSE runs on it).
@@ -498,12 +499,16 @@ shrinks them (never B's file size).
   5 `os.walk` + stat of B, 6 the first `os.scandir` entry of L against the full
   listing, 7 all of B by 1 thread in listing order, 8 by 1 thread in a shuffled
   order, 9 the same order told to the mount's hint socket first, 10 200 random
-  64 KiB preads per GiB of A (a sparse reader). Baselines: `datamount download`
-  of the same data, the downloaded file from the local disk and from the page
-  cache, and fsspec's FUSE over adlfs. Around each workload it reads the
-  daemon's CPU, peak RSS, its bytes fetched, and the bytes Azurite sent.
-  Options: `--datasets A,B,L`, `--workloads 1,...,10`, `--scale`, `--repeat`,
-  `--no-fsspec`, `--http`, `--no-gil`, `--isolate`,
+  64 KiB preads per GiB of A (a sparse reader), 11 and 12 A by 8 threads, each
+  over its own eighth, through one open file and through 8, 13 to 15 B through
+  a torch DataLoader of 4 workers over `FileDataset` in listing order,
+  shuffled, and shuffled with `FileDataset.hint`. Baselines: `datamount
+  download` of the same data, the downloaded file from the local disk and from
+  the page cache, and fsspec's FUSE over adlfs. Around each workload it reads
+  the daemon's CPU, peak RSS, its bytes fetched, and the bytes Azurite sent.
+  Options: `--datasets A,B,L`, `--workloads 1,...,15`, `--scale`, `--repeat`,
+  `--no-fsspec`, `--delay-ms D` (a delay line between datamount and Azurite),
+  `--http`, `--no-gil`, `--isolate`,
   `--datamount-env NAME=VALUE` (repeatable: a setting for every datamount run,
   e.g. `--datamount-env DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED=false`; a name
   other than `DATASET_*`, `RSLEX_*` or `DATAMOUNT_*` is exit 2; every other
