@@ -90,7 +90,7 @@ class Endpoint:
         return self.latency.labels("read").observe
 
     def observe_fuse(self) -> Callable[[str, float], None]:
-        """observe(op, seconds) for fs.fuse_adapter.set_observer; one labelled
+        """observe(op, seconds) for fs.funnel.set_observer; one labelled
         child per operation, made once."""
         children: dict[str, Any] = {}
         labels = self.fuse.labels

@@ -46,6 +46,8 @@ if not os.environ.get("FUSE_LIBRARY_PATH"):
 
 import mfusepy  # noqa: E402
 
+from datamount.fs import funnel
+from datamount.fs.funnel import errno_of
 from datamount.fs.ops import ReadOnlyFS
 
 log = logging.getLogger("datamount.fuse")
@@ -55,15 +57,6 @@ MAX_IO = 1024 * 1024  # FUSE_MAX_MAX_PAGES (256) x 4 KiB: the largest FUSE reque
 FUSE_READDIR_PLUS = 1  # enum fuse_readdir_flags
 FUSE_FILL_DIR_PLUS = 2  # enum fuse_fill_dir_flags
 WAKE_SIGNAL = signal.SIGUSR1  # interrupts libfuse's loop thread after fuse_exit
-# errnos that are answers, not failures: never logged
-_QUIET = {errno.ENOENT, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENODATA,
-          errno.EEXIST, errno.ENOTEMPTY}  # fmt: skip
-# what the mount refuses to do (links, special files, modes, sizes): one WARNING
-# per operation and errno, later ones at DEBUG (a POSIX suite makes hundreds)
-_REFUSALS = {errno.EPERM, errno.EOPNOTSUPP, errno.EACCES, errno.EINVAL, errno.ENAMETOOLONG,
-             errno.EFBIG}  # fmt: skip
-_refused: set[tuple[str, int]] = set()
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -72,28 +65,7 @@ class MountFailed(RuntimeError):
 
 
 def _to_errno(op: str, exc: BaseException) -> mfusepy.FuseOSError:
-    if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
-        code = errno.errorcode.get(exc.errno, exc.errno)
-        if exc.errno in _REFUSALS and (op, exc.errno) in _refused:
-            log.debug("%s: %s (errno %s)", op, exc, code)
-        elif exc.errno in _REFUSALS:
-            _refused.add((op, exc.errno))
-            log.warning("%s: %s (errno %s; further %s refusals at DEBUG)", op, exc, code, code)
-        elif exc.errno not in _QUIET:
-            log.warning("%s: %s (errno %s)", op, exc, code)
-        return mfusepy.FuseOSError(exc.errno)
-    log.error("%s: unexpected %s, answering EIO", op, type(exc).__name__, exc_info=exc)
-    return mfusepy.FuseOSError(errno.EIO)
-
-
-# observe(operation, seconds) of every callback, set by the daemon only while
-# a metrics endpoint is on (set_observer); None: nothing is timed.
-_observe: Callable[[str, float], None] | None = None
-
-
-def set_observer(observe: Callable[[str, float], None] | None) -> None:
-    global _observe
-    _observe = observe
+    return mfusepy.FuseOSError(errno_of(op, exc))
 
 
 # libfuse's worker threads (idents) whose Python thread state is kept (_keep_thread_state).
@@ -125,7 +97,7 @@ def _funnel(method: F) -> F:
         ident = threading.get_ident()
         if ident not in _kept:  # this thread's first callback
             _keep_thread_state(ident)
-        observe = _observe
+        observe = funnel.observer
         start = time.perf_counter() if observe is not None else 0.0
         try:
             return method(self, *args)

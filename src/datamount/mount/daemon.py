@@ -36,14 +36,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from datamount.errors import DataError
 from datamount.log import activity
 from datamount.write.journal import Leftovers
 
 if TYPE_CHECKING:
-    from datamount.fs.fuse_adapter import Adapter
     from datamount.fs.ops import ReadOnlyFS, Unsaved
 
 from datamount.mount.control import (
@@ -99,6 +98,13 @@ class DaemonConfig:
     stats_interval: float = STATS_INTERVAL
 
 
+class FuseLoop(Protocol):
+    """What the FUSE layer (fs.lowlevel or fs.fuse_adapter) hands the daemon
+    once mounted: a way to end its loop from outside a request."""
+
+    def stop_loop(self, loop_thread: threading.Thread) -> None: ...
+
+
 class MountDaemon:
     """Serves one mount from the calling (main) thread: `start()` returns once
     the mount answers, `run()` returns once it is gone."""
@@ -114,7 +120,7 @@ class MountDaemon:
         self._wake = threading.Event()
         self._signal: int | None = None
         self._error: BaseException | None = None
-        self._adapter: Adapter | None = None
+        self._adapter: FuseLoop | None = None
         self._thread: threading.Thread | None = None
         self._old_handlers: dict[int, Any] = {}
         self.leftovers: Unsaved = Leftovers()  # rw_mount: what is only staged at the end
@@ -126,8 +132,11 @@ class MountDaemon:
     # -- start ---------------------------------------------------------------
 
     def start(self, timeout: float = READY_TIMEOUT) -> None:
-        try:
-            from datamount.fs import fuse_adapter
+        try:  # the native loop serves read-only mounts; rw_mount is still on mfusepy
+            if self.fs.writes is None:
+                from datamount.fs import lowlevel as fuse_layer
+            else:
+                from datamount.fs import fuse_adapter as fuse_layer  # type: ignore[no-redef]
         except (ImportError, OSError) as exc:
             raise DataError(f"FUSE is not available: {exc} (install fuse3)") from None
         self._install_signals()
@@ -136,7 +145,7 @@ class MountDaemon:
 
         def loop() -> None:
             try:
-                fuse_adapter.run(
+                fuse_layer.run(
                     self.fs, str(cfg.mountpoint), ttl_seconds=cfg.ttl_seconds,
                     fsname=cfg.fsname, max_threads=cfg.max_threads, on_ready=self._ready.set,
                     adapter_ready=self._set_adapter,
@@ -169,7 +178,7 @@ class MountDaemon:
                         self.mountpoint)  # fmt: skip
             fusermount(self.mountpoint, lazy=True)
 
-    def _set_adapter(self, adapter: Adapter) -> None:
+    def _set_adapter(self, adapter: FuseLoop) -> None:
         self._adapter = adapter
 
     def _wait_answering(self, timeout: float) -> None:

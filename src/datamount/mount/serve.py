@@ -188,7 +188,7 @@ def _metrics(
     if settings.metrics_port is None:
         return ""
     from datamount import metrics  # prometheus-client: only when metrics are on
-    from datamount.fs import fuse_adapter
+    from datamount.fs import funnel
 
     endpoint = metrics.Endpoint()
     hooks = getattr(getattr(stack.store, "raw", None), "hooks", None)
@@ -205,8 +205,8 @@ def _metrics(
     url = endpoint.start(settings.metrics_host, settings.metrics_port)
     stack.cleanup.callback(endpoint.stop)
     stack.stats.on_read = endpoint.observe_read()
-    fuse_adapter.set_observer(endpoint.observe_fuse())
-    stack.cleanup.callback(fuse_adapter.set_observer, None)
+    funnel.set_observer(endpoint.observe_fuse())
+    stack.cleanup.callback(funnel.set_observer, None)
     log.info("metrics of %s at %s", plan.mountpoint, url)
     return url
 

@@ -1,0 +1,1137 @@
+/* datamount.fs._lowlevel: libfuse3's low-level (inode) loop, outside the GIL.
+ *
+ * One job: run libfuse's multi-threaded session loop without the GIL, answer
+ * from a native inode table what needs no decision (lookup, getattr and
+ * forget of names the table knows, listings' inode numbers), and call the
+ * Python side (fs.lowlevel.Ops) for everything else, with the GIL held only
+ * for that call. Python stays the control plane: it decides every open (the
+ * pinned version, keep_cache), every read, every listing.
+ *
+ * The inode table: one node per name the kernel was told of, numbered from 1
+ * (the root) upwards and never reused or freed for the session's life, so an
+ * inode number names one path for the mount's life. A node keeps its parent,
+ * its name, its attributes as Python last gave them and when they expire
+ * (never, with no attribute TTL), and the kernel's lookup count. Lookups by
+ * (parent, name) go through a chained hash table. One rwlock guards it all;
+ * it is never held across a call into Python.
+ *
+ * Calls into Python: a libfuse worker thread keeps one Python thread state
+ * for its life (made at its first call, deleted when the thread ends), so a
+ * call costs taking and giving back the GIL, not a new thread state. Python
+ * answers a tuple (success) or a negative errno (an int). Every buffer Python
+ * writes into (a read's reply) is a memoryview of exactly the request's size.
+ *
+ * Safety: every length from Python is checked against the buffer it
+ * describes; no Python object is touched without the GIL.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#if PY_VERSION_HEX >= 0x030D0000
+#define IS_FINALIZING() Py_IsFinalizing()
+#else
+#define IS_FINALIZING() _Py_IsFinalizing()
+#endif
+
+#define MAX_IO (1024 * 1024) /* FUSE_MAX_MAX_PAGES (256) x 4 KiB */
+#define NEVER INT64_MAX
+
+/* -- the inode table ------------------------------------------------------ */
+
+struct node {
+    fuse_ino_t parent;
+    char *name;          /* NUL-terminated; "" for the root */
+    size_t name_len;
+    fuse_ino_t next;     /* the next node in this hash chain, 0 at the end */
+    uint64_t nlookup;    /* the kernel's references (atomic) */
+    int has_attr;
+    int64_t expires;     /* CLOCK_MONOTONIC ns; NEVER */
+    mode_t mode;
+    uint64_t size;
+    int64_t mtime_ns;
+    nlink_t nlink;
+    uid_t uid;
+    gid_t gid;
+};
+
+struct table {
+    pthread_rwlock_t lock;
+    struct node **nodes; /* indexed by inode number; [0] unused */
+    fuse_ino_t count;    /* nodes in use, the root included: the next is count + 1 */
+    fuse_ino_t capacity;
+    fuse_ino_t *buckets; /* first node of each chain, 0 for none */
+    size_t n_buckets;    /* a power of two */
+};
+
+static uint64_t hash_name(fuse_ino_t parent, const char *name, size_t len)
+{
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)parent;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)name[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* lock held (either way): the node of `name` in `parent`, 0 when none */
+static fuse_ino_t table_find(struct table *t, fuse_ino_t parent, const char *name, size_t len)
+{
+    fuse_ino_t ino = t->buckets[hash_name(parent, name, len) & (t->n_buckets - 1)];
+    while (ino) {
+        struct node *n = t->nodes[ino];
+        if (n->parent == parent && n->name_len == len && memcmp(n->name, name, len) == 0)
+            return ino;
+        ino = n->next;
+    }
+    return 0;
+}
+
+/* write lock held: double the buckets */
+static int table_rehash(struct table *t)
+{
+    size_t n_buckets = t->n_buckets * 2;
+    fuse_ino_t *buckets = calloc(n_buckets, sizeof(*buckets));
+    if (!buckets)
+        return -ENOMEM;
+    for (fuse_ino_t ino = 2; ino <= t->count; ino++) {
+        struct node *n = t->nodes[ino];
+        size_t b = hash_name(n->parent, n->name, n->name_len) & (n_buckets - 1);
+        n->next = buckets[b];
+        buckets[b] = ino;
+    }
+    free(t->buckets);
+    t->buckets = buckets;
+    t->n_buckets = n_buckets;
+    return 0;
+}
+
+/* write lock held: the node of `name` in `parent`, made when missing; 0 when
+ * out of memory */
+static fuse_ino_t table_get_or_add(struct table *t, fuse_ino_t parent, const char *name, size_t len)
+{
+    fuse_ino_t ino = table_find(t, parent, name, len);
+    if (ino)
+        return ino;
+    if (t->count + 1 >= t->capacity) {
+        fuse_ino_t capacity = t->capacity * 2;
+        struct node **nodes = realloc(t->nodes, capacity * sizeof(*nodes));
+        if (!nodes)
+            return 0;
+        t->nodes = nodes;
+        t->capacity = capacity;
+    }
+    if (t->count + 1 > t->n_buckets && table_rehash(t) != 0)
+        return 0;
+    struct node *n = calloc(1, sizeof(*n));
+    if (!n)
+        return 0;
+    n->name = malloc(len + 1);
+    if (!n->name) {
+        free(n);
+        return 0;
+    }
+    memcpy(n->name, name, len);
+    n->name[len] = '\0';
+    n->name_len = len;
+    n->parent = parent;
+    ino = ++t->count;
+    t->nodes[ino] = n;
+    size_t b = hash_name(parent, name, len) & (t->n_buckets - 1);
+    n->next = t->buckets[b];
+    t->buckets[b] = ino;
+    return ino;
+}
+
+static int table_init(struct table *t)
+{
+    memset(t, 0, sizeof(*t));
+    t->capacity = 1024;
+    t->n_buckets = 1024;
+    t->nodes = calloc(t->capacity, sizeof(*t->nodes));
+    t->buckets = calloc(t->n_buckets, sizeof(*t->buckets));
+    struct node *root = calloc(1, sizeof(*root));
+    char *name = calloc(1, 1);
+    if (!t->nodes || !t->buckets || !root || !name) {
+        free(t->nodes);
+        free(t->buckets);
+        free(root);
+        free(name);
+        return -ENOMEM;
+    }
+    root->name = name;
+    t->nodes[FUSE_ROOT_ID] = root;
+    t->count = FUSE_ROOT_ID;
+    pthread_rwlock_init(&t->lock, NULL);
+    return 0;
+}
+
+static void table_free(struct table *t)
+{
+    if (!t->nodes)
+        return;
+    for (fuse_ino_t ino = 1; ino <= t->count; ino++) {
+        free(t->nodes[ino]->name);
+        free(t->nodes[ino]);
+    }
+    free(t->nodes);
+    free(t->buckets);
+    t->nodes = NULL;
+    pthread_rwlock_destroy(&t->lock);
+}
+
+/* lock held: "/a/b" of `ino` in a new buffer (the root is "/"); NULL when
+ * out of memory or `ino` is not in the table */
+static char *table_path(struct table *t, fuse_ino_t ino, size_t *out_len)
+{
+    if (ino == 0 || ino > t->count)
+        return NULL;
+    size_t len = 0;
+    for (fuse_ino_t i = ino; i != FUSE_ROOT_ID; i = t->nodes[i]->parent)
+        len += t->nodes[i]->name_len + 1;
+    if (len == 0)
+        len = 1;
+    char *path = malloc(len + 1);
+    if (!path)
+        return NULL;
+    path[len] = '\0';
+    path[0] = '/';
+    size_t end = len;
+    for (fuse_ino_t i = ino; i != FUSE_ROOT_ID; i = t->nodes[i]->parent) {
+        struct node *n = t->nodes[i];
+        end -= n->name_len;
+        memcpy(path + end, n->name, n->name_len);
+        path[--end] = '/';
+    }
+    *out_len = len;
+    return path;
+}
+
+/* -- the session ---------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ops;        /* fs.lowlevel.Ops: the Python side */
+    struct fuse_session *se;
+    struct table table;
+    double timeout;       /* entry / attr / negative timeouts for the kernel, s */
+    int64_t attr_ttl_ns;  /* how long the table serves attributes; NEVER */
+    unsigned max_threads;
+    int mounted;
+    pthread_t loop_thread;
+    int looping;
+    /* served without Python (atomic) */
+    uint64_t native_lookups;
+    uint64_t native_getattrs;
+    uint64_t python_calls;
+} Session;
+
+/* -- the GIL: one kept thread state per libfuse worker ---------------------- */
+
+static pthread_key_t tstate_key;
+static pthread_once_t tstate_once = PTHREAD_ONCE_INIT;
+
+static void tstate_drop(void *arg)
+{
+    /* the worker thread ends: delete its thread state (not while the
+     * interpreter shuts down: then it goes with the interpreter) */
+    PyThreadState *ts = arg;
+    if (!ts || IS_FINALIZING())
+        return;
+    /* not PyGILState_Release: the thread's exit may have cleared CPython's own
+     * thread-specific binding before this destructor runs */
+    PyEval_RestoreThread(ts);
+    PyThreadState_Clear(ts);
+    PyThreadState_DeleteCurrent(); /* and gives the GIL back */
+}
+
+static void tstate_key_make(void)
+{
+    pthread_key_create(&tstate_key, tstate_drop);
+}
+
+static void gil_enter(void)
+{
+    pthread_once(&tstate_once, tstate_key_make);
+    PyThreadState *ts = pthread_getspecific(tstate_key);
+    if (ts) {
+        PyEval_RestoreThread(ts);
+        return;
+    }
+    PyGILState_Ensure(); /* makes this thread's state; kept until the thread ends */
+    pthread_setspecific(tstate_key, PyThreadState_Get());
+}
+
+static void gil_leave(void)
+{
+    PyEval_SaveThread();
+}
+
+/* GIL held: call ops.<name>(args...); a new reference, or NULL with the error
+ * reported (unraisable: the funnel in fs.lowlevel catches everything, so this
+ * is a bug) */
+static PyObject *call_ops(Session *s, const char *name, const char *format, ...)
+{
+    va_list va;
+    va_start(va, format);
+    PyObject *args = Py_VaBuildValue(format, va);
+    va_end(va);
+    if (!args) {
+        PyErr_WriteUnraisable(s->ops);
+        return NULL;
+    }
+    if (!PyTuple_Check(args)) {
+        PyObject *one = PyTuple_Pack(1, args);
+        Py_DECREF(args);
+        if (!one) {
+            PyErr_WriteUnraisable(s->ops);
+            return NULL;
+        }
+        args = one;
+    }
+    PyObject *method = PyObject_GetAttrString(s->ops, name);
+    PyObject *result = method ? PyObject_Call(method, args, NULL) : NULL;
+    Py_XDECREF(method);
+    Py_DECREF(args);
+    __atomic_add_fetch(&s->python_calls, 1, __ATOMIC_RELAXED);
+    if (!result)
+        PyErr_WriteUnraisable(s->ops);
+    return result;
+}
+
+/* GIL held: the errno of an answer that is a negative int, else 0 */
+static int answer_errno(PyObject *result)
+{
+    if (!result)
+        return EIO;
+    if (PyLong_Check(result)) {
+        long code = PyLong_AsLong(result);
+        if (code < 0 && code > -4096)
+            return (int)-code;
+        if (code < 0 || PyErr_Occurred()) {
+            PyErr_Clear();
+            return EIO;
+        }
+    }
+    return 0;
+}
+
+/* GIL held: ops.<method>(path) or ops.<method>(path, *arg), the path as a
+ * str in the filesystem encoding (surrogateescape); the answer (a new
+ * reference or NULL) and in *err its errno */
+static PyObject *call_path(Session *s, const char *method, const char *path, size_t len,
+                           const int *arg, int *err)
+{
+    PyObject *py_path = PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)len);
+    PyObject *r = NULL;
+    if (!py_path)
+        PyErr_WriteUnraisable(s->ops);
+    else if (arg)
+        r = call_ops(s, method, "(Oi)", py_path, *arg);
+    else
+        r = call_ops(s, method, "(O)", py_path);
+    Py_XDECREF(py_path);
+    *err = answer_errno(r);
+    return r;
+}
+
+struct attrs {
+    mode_t mode;
+    uint64_t size;
+    int64_t mtime_ns;
+    nlink_t nlink;
+    uid_t uid;
+    gid_t gid;
+};
+
+/* GIL held: a stat tuple (mode, size, mtime_ns, nlink, uid, gid) from Python */
+static int parse_attrs(PyObject *tuple, struct attrs *a)
+{
+    unsigned long mode, nlink, uid, gid;
+    unsigned long long size;
+    long long mtime;
+    if (!PyTuple_Check(tuple) ||
+        !PyArg_ParseTuple(tuple, "kKLkkk", &mode, &size, &mtime, &nlink, &uid, &gid)) {
+        PyErr_Clear();
+        return -EIO;
+    }
+    a->mode = (mode_t)mode;
+    a->size = size;
+    a->mtime_ns = mtime;
+    a->nlink = (nlink_t)nlink;
+    a->uid = (uid_t)uid;
+    a->gid = (gid_t)gid;
+    return 0;
+}
+
+/* ops.<method>(path) answering attributes, the GIL taken for the call; 0 or
+ * an errno */
+static int call_attrs(Session *s, const char *method, const char *path, size_t len,
+                      struct attrs *a)
+{
+    int err;
+    gil_enter();
+    PyObject *r = call_path(s, method, path, len, NULL, &err);
+    if (!err && parse_attrs(r, a) != 0)
+        err = EIO;
+    Py_XDECREF(r);
+    gil_leave();
+    return err;
+}
+
+/* write lock held */
+static void node_set_attrs(Session *s, struct node *n, const struct attrs *a)
+{
+    n->mode = a->mode;
+    n->size = a->size;
+    n->mtime_ns = a->mtime_ns;
+    n->nlink = a->nlink;
+    n->uid = a->uid;
+    n->gid = a->gid;
+    n->has_attr = 1;
+    n->expires = s->attr_ttl_ns == NEVER ? NEVER : now_ns() + s->attr_ttl_ns;
+}
+
+/* lock held: the node's attributes as a struct stat */
+static void node_stat(fuse_ino_t ino, const struct node *n, struct stat *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->st_ino = ino;
+    st->st_mode = n->mode;
+    st->st_nlink = n->nlink;
+    st->st_size = (off_t)n->size;
+    st->st_blocks = (blkcnt_t)((n->size + 511) / 512);
+    st->st_blksize = 4096;
+    st->st_uid = n->uid;
+    st->st_gid = n->gid;
+    st->st_mtim.tv_sec = n->mtime_ns / 1000000000LL;
+    st->st_mtim.tv_nsec = n->mtime_ns % 1000000000LL;
+    st->st_atim = st->st_mtim;
+    st->st_ctim = st->st_mtim;
+}
+
+static int node_fresh(const struct node *n)
+{
+    return n->has_attr && (n->expires == NEVER || now_ns() < n->expires);
+}
+
+/* the path of `ino`, or NULL (then ENOENT: no such inode; or ENOMEM) */
+static char *ino_path(Session *s, fuse_ino_t ino, size_t *len, int *err)
+{
+    pthread_rwlock_rdlock(&s->table.lock);
+    char *path = table_path(&s->table, ino, len);
+    int known = ino >= 1 && ino <= s->table.count;
+    pthread_rwlock_unlock(&s->table.lock);
+    if (!path)
+        *err = known ? ENOMEM : ENOENT;
+    return path;
+}
+
+/* the path of `name` in `parent` */
+static char *child_path(Session *s, fuse_ino_t parent, const char *name, size_t *len, int *err)
+{
+    size_t parent_len;
+    char *dir = ino_path(s, parent, &parent_len, err);
+    if (!dir)
+        return NULL;
+    size_t name_len = strlen(name);
+    size_t sep = parent_len > 1 ? 1 : 0;
+    char *path = malloc(parent_len + sep + name_len + 1);
+    if (!path) {
+        free(dir);
+        *err = ENOMEM;
+        return NULL;
+    }
+    size_t at = parent_len > 1 ? parent_len : 0;
+    memcpy(path, dir, at);
+    path[at] = '/';
+    memcpy(path + at + 1, name, name_len + 1);
+    *len = at + 1 + name_len;
+    free(dir);
+    return path;
+}
+
+static void fill_entry(Session *s, fuse_ino_t ino, const struct node *n, struct fuse_entry_param *e)
+{
+    memset(e, 0, sizeof(*e));
+    e->ino = ino;
+    e->attr_timeout = s->timeout;
+    e->entry_timeout = s->timeout;
+    node_stat(ino, n, &e->attr);
+}
+
+/* -- the operations ------------------------------------------------------- */
+
+static void ll_init(void *userdata, struct fuse_conn_info *conn)
+{
+    Session *s = userdata;
+    conn->max_write = MAX_IO; /* libfuse derives max_pages (the read size) from it */
+    conn->want &= ~FUSE_CAP_FLOCK_LOCKS;
+    conn->want &= ~FUSE_CAP_POSIX_LOCKS;
+    gil_enter();
+    PyObject *r = call_ops(s, "init", "(IIIIIIII)", conn->proto_major, conn->proto_minor,
+                           conn->max_readahead, conn->max_write, conn->max_read,
+                           conn->capable, conn->want, s->max_threads);
+    Py_XDECREF(r);
+    gil_leave();
+}
+
+static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    Session *s = fuse_req_userdata(req);
+    struct fuse_entry_param e;
+    size_t name_len = strlen(name);
+
+    pthread_rwlock_rdlock(&s->table.lock);
+    fuse_ino_t ino = table_find(&s->table, parent, name, name_len);
+    if (ino && node_fresh(s->table.nodes[ino])) {
+        struct node *n = s->table.nodes[ino];
+        fill_entry(s, ino, n, &e);
+        __atomic_add_fetch(&n->nlookup, 1, __ATOMIC_RELAXED);
+        pthread_rwlock_unlock(&s->table.lock);
+        __atomic_add_fetch(&s->native_lookups, 1, __ATOMIC_RELAXED);
+        fuse_reply_entry(req, &e);
+        return;
+    }
+    pthread_rwlock_unlock(&s->table.lock);
+
+    int err = 0;
+    size_t len;
+    char *path = child_path(s, parent, name, &len, &err);
+    if (!path) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    struct attrs a;
+    err = call_attrs(s, "lookup", path, len, &a);
+    free(path);
+    if (err == ENOENT) {
+        /* a negative entry the kernel keeps for the timeout */
+        memset(&e, 0, sizeof(e));
+        e.entry_timeout = s->timeout;
+        fuse_reply_entry(req, &e);
+        return;
+    }
+    if (err) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    pthread_rwlock_wrlock(&s->table.lock);
+    ino = table_get_or_add(&s->table, parent, name, name_len);
+    if (!ino) {
+        pthread_rwlock_unlock(&s->table.lock);
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    struct node *n = s->table.nodes[ino];
+    node_set_attrs(s, n, &a);
+    fill_entry(s, ino, n, &e);
+    __atomic_add_fetch(&n->nlookup, 1, __ATOMIC_RELAXED);
+    pthread_rwlock_unlock(&s->table.lock);
+    fuse_reply_entry(req, &e);
+}
+
+static void forget_one(Session *s, fuse_ino_t ino, uint64_t nlookup)
+{
+    pthread_rwlock_rdlock(&s->table.lock);
+    if (ino >= 1 && ino <= s->table.count)
+        __atomic_sub_fetch(&s->table.nodes[ino]->nlookup, nlookup, __ATOMIC_RELAXED);
+    pthread_rwlock_unlock(&s->table.lock);
+}
+
+static void ll_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+    /* the node stays: an inode number names one path for the mount's life */
+    forget_one(fuse_req_userdata(req), ino, nlookup);
+    fuse_reply_none(req);
+}
+
+static void ll_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+    Session *s = fuse_req_userdata(req);
+    for (size_t i = 0; i < count; i++)
+        forget_one(s, forgets[i].ino, forgets[i].nlookup);
+    fuse_reply_none(req);
+}
+
+static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    struct stat st;
+    (void)fi;
+    pthread_rwlock_rdlock(&s->table.lock);
+    if (ino >= 1 && ino <= s->table.count && node_fresh(s->table.nodes[ino])) {
+        node_stat(ino, s->table.nodes[ino], &st);
+        pthread_rwlock_unlock(&s->table.lock);
+        __atomic_add_fetch(&s->native_getattrs, 1, __ATOMIC_RELAXED);
+        fuse_reply_attr(req, &st, s->timeout);
+        return;
+    }
+    pthread_rwlock_unlock(&s->table.lock);
+
+    int err = 0;
+    size_t len;
+    char *path = ino_path(s, ino, &len, &err);
+    if (!path) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    struct attrs a;
+    err = call_attrs(s, "getattr", path, len, &a);
+    free(path);
+    if (err) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    pthread_rwlock_wrlock(&s->table.lock);
+    struct node *n = s->table.nodes[ino];
+    node_set_attrs(s, n, &a);
+    node_stat(ino, n, &st);
+    pthread_rwlock_unlock(&s->table.lock);
+    fuse_reply_attr(req, &st, s->timeout);
+}
+
+static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    int err = 0;
+    size_t len;
+    char *path = ino_path(s, ino, &len, &err);
+    if (!path) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    unsigned long long fh = 0;
+    int keep = 0;
+    int changed = 0;
+    struct attrs a;
+    gil_enter();
+    PyObject *r = call_path(s, "open", path, len, &fi->flags, &err);
+    if (!err) {
+        /* (fh, keep_cache, attrs of a changed version or None) */
+        PyObject *attrs = NULL;
+        if (!PyTuple_Check(r) || !PyArg_ParseTuple(r, "KpO", &fh, &keep, &attrs)) {
+            PyErr_Clear();
+            err = EIO;
+        } else if (attrs != Py_None) {
+            changed = 1;
+            if (parse_attrs(attrs, &a) != 0)
+                err = EIO;
+        }
+    }
+    Py_XDECREF(r);
+    gil_leave();
+    free(path);
+    if (err) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    if (changed) {
+        /* the open pinned a version other than the one the kernel may hold
+         * attributes of: new attributes here, then drop the kernel's (and its
+         * pages), so no read stops at the old size */
+        pthread_rwlock_wrlock(&s->table.lock);
+        node_set_attrs(s, s->table.nodes[ino], &a);
+        pthread_rwlock_unlock(&s->table.lock);
+        fuse_lowlevel_notify_inval_inode(s->se, ino, 0, 0);
+    }
+    fi->fh = fh;
+    fi->keep_cache = keep ? 1 : 0;
+    fi->direct_io = 0;
+    if (fuse_reply_open(req, fi) == -ENOENT) {
+        /* the opener was interrupted: the handle is Python's to drop */
+        gil_enter();
+        Py_XDECREF(call_ops(s, "release", "(K)", fh));
+        gil_leave();
+    }
+}
+
+static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                    struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    (void)ino;
+    if (size > MAX_IO)
+        size = MAX_IO;
+    char *buf = malloc(size ? size : 1);
+    if (!buf) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    long long got = -EIO;
+    gil_enter();
+    PyObject *view = PyMemoryView_FromMemory(buf, (Py_ssize_t)size, PyBUF_WRITE);
+    PyObject *r = view ? call_ops(s, "read_into", "(KLO)", (unsigned long long)fi->fh,
+                                  (long long)off, view)
+                       : NULL;
+    if (!view)
+        PyErr_WriteUnraisable(s->ops);
+    if (r && PyLong_Check(r)) {
+        got = PyLong_AsLongLong(r);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            got = -EIO;
+        }
+    }
+    int keep_buf = 0;
+    if (view) { /* the buffer is ours again: no view of it may outlive the call */
+        PyObject *released = PyObject_CallMethod(view, "release", NULL);
+        if (released) {
+            Py_DECREF(released);
+        } else { /* still exported (a bug of the Python side): leak, never free it */
+            PyErr_WriteUnraisable(s->ops);
+            keep_buf = 1;
+        }
+    }
+    Py_XDECREF(view);
+    Py_XDECREF(r);
+    gil_leave();
+    if (got < 0)
+        fuse_reply_err(req, got > -4096 ? (int)-got : EIO);
+    else if ((unsigned long long)got > size)
+        fuse_reply_err(req, EIO); /* more than the buffer holds: a bug, never sent */
+    else
+        fuse_reply_buf(req, buf, (size_t)got);
+    if (!keep_buf)
+        free(buf);
+}
+
+static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    (void)ino;
+    gil_enter();
+    PyObject *r = call_ops(s, "release", "(K)", (unsigned long long)fi->fh);
+    int err = answer_errno(r);
+    Py_XDECREF(r);
+    gil_leave();
+    fuse_reply_err(req, err);
+}
+
+static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    int err = 0;
+    size_t len;
+    char *path = ino_path(s, ino, &len, &err);
+    if (!path) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    unsigned long long dh = 0;
+    gil_enter();
+    PyObject *r = call_path(s, "opendir", path, len, NULL, &err);
+    if (!err) {
+        dh = PyLong_AsUnsignedLongLong(r);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            err = EIO;
+        }
+    }
+    Py_XDECREF(r);
+    gil_leave();
+    free(path);
+    if (err) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    fi->fh = dh;
+    if (fuse_reply_open(req, fi) == -ENOENT) {
+        gil_enter();
+        Py_XDECREF(call_ops(s, "releasedir", "(K)", dh));
+        gil_leave();
+    }
+}
+
+struct dirent_in {
+    char *name;
+    size_t name_len;
+    struct attrs a;
+    int has_attrs;
+    off_t next;
+};
+
+/* GIL held: the entries Python gave, copied out of its objects; the count,
+ * or a negative errno */
+static ssize_t take_entries(PyObject *list, struct dirent_in **out)
+{
+    if (!PyList_Check(list))
+        return -EIO;
+    Py_ssize_t count = PyList_GET_SIZE(list);
+    struct dirent_in *entries = calloc(count ? (size_t)count : 1, sizeof(*entries));
+    if (!entries)
+        return -ENOMEM;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(list, i);
+        PyObject *name, *attrs;
+        long long next;
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "OOL", &name, &attrs, &next) ||
+            !PyBytes_Check(name)) {
+            PyErr_Clear();
+            goto fail;
+        }
+        struct dirent_in *d = &entries[i];
+        d->name_len = (size_t)PyBytes_GET_SIZE(name);
+        d->name = malloc(d->name_len + 1);
+        if (!d->name)
+            goto fail;
+        memcpy(d->name, PyBytes_AS_STRING(name), d->name_len + 1);
+        if (memchr(d->name, '\0', d->name_len) || memchr(d->name, '/', d->name_len))
+            goto fail;
+        d->has_attrs = parse_attrs(attrs, &d->a) == 0;
+        d->next = (off_t)next;
+    }
+    *out = entries;
+    return count;
+fail:
+    for (Py_ssize_t i = 0; i < count; i++)
+        free(entries[i].name);
+    free(entries);
+    return -EIO;
+}
+
+static int is_dot(const char *name)
+{
+    return strcmp(name, ".") == 0 || strcmp(name, "..") == 0;
+}
+
+static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                           struct fuse_file_info *fi, int plus)
+{
+    Session *s = fuse_req_userdata(req);
+    struct dirent_in *entries = NULL;
+    ssize_t count;
+    gil_enter();
+    PyObject *r = call_ops(s, "readdir", "(KLni)", (unsigned long long)fi->fh, (long long)off,
+                           (Py_ssize_t)size, plus);
+    int err = answer_errno(r);
+    count = err ? -err : take_entries(r, &entries);
+    Py_XDECREF(r);
+    gil_leave();
+    if (count < 0) {
+        fuse_reply_err(req, (int)-count);
+        return;
+    }
+    char *buf = malloc(size ? size : 1);
+    if (!buf) {
+        fuse_reply_err(req, ENOMEM);
+        goto done;
+    }
+    size_t used = 0;
+    pthread_rwlock_wrlock(&s->table.lock);
+    for (ssize_t i = 0; i < count; i++) {
+        struct dirent_in *d = &entries[i];
+        struct fuse_entry_param e;
+        struct node *n = NULL;
+        fuse_ino_t child = 0;
+        memset(&e, 0, sizeof(e));
+        if (is_dot(d->name)) {
+            e.attr.st_ino = ino; /* the kernel takes no reference on '.' and '..' */
+            e.attr.st_mode = S_IFDIR;
+        } else {
+            child = table_get_or_add(&s->table, ino, d->name, d->name_len);
+            if (!child)
+                break;
+            n = s->table.nodes[child];
+            if (d->has_attrs)
+                node_set_attrs(s, n, &d->a);
+            if (n->has_attr)
+                fill_entry(s, child, n, &e);
+            else {
+                e.attr.st_ino = child;
+                e.attr.st_mode = d->a.mode;
+            }
+        }
+        size_t need;
+        if (plus) {
+            if (!n || !n->has_attr)
+                e.ino = 0; /* no entry for the kernel: it looks the name up itself */
+            need = fuse_add_direntry_plus(req, buf + used, size - used, d->name, &e, d->next);
+        } else {
+            need = fuse_add_direntry(req, buf + used, size - used, d->name, &e.attr, d->next);
+        }
+        if (need > size - used)
+            break; /* full: the kernel asks again from this entry's offset */
+        used += need;
+        if (plus && e.ino)
+            __atomic_add_fetch(&n->nlookup, 1, __ATOMIC_RELAXED);
+    }
+    pthread_rwlock_unlock(&s->table.lock);
+    fuse_reply_buf(req, buf, used);
+    free(buf);
+done:
+    for (ssize_t i = 0; i < count; i++)
+        free(entries[i].name);
+    free(entries);
+}
+
+static void ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                       struct fuse_file_info *fi)
+{
+    readdir_common(req, ino, size, off, fi, 0);
+}
+
+static void ll_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                           struct fuse_file_info *fi)
+{
+    readdir_common(req, ino, size, off, fi, 1);
+}
+
+static void ll_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    (void)ino;
+    gil_enter();
+    PyObject *r = call_ops(s, "releasedir", "(K)", (unsigned long long)fi->fh);
+    int err = answer_errno(r);
+    Py_XDECREF(r);
+    gil_leave();
+    fuse_reply_err(req, err);
+}
+
+static void ll_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+    Session *s = fuse_req_userdata(req);
+    struct statvfs sv;
+    unsigned long bsize, frsize, namemax;
+    unsigned long long blocks, bfree, bavail, files, ffree;
+    (void)ino;
+    memset(&sv, 0, sizeof(sv));
+    gil_enter();
+    PyObject *r = call_ops(s, "statfs", "()");
+    int err = answer_errno(r);
+    if (!err && (!PyTuple_Check(r) ||
+                 !PyArg_ParseTuple(r, "kkKKKKKk", &bsize, &frsize, &blocks, &bfree, &bavail,
+                                   &files, &ffree, &namemax))) {
+        PyErr_Clear();
+        err = EIO;
+    }
+    Py_XDECREF(r);
+    gil_leave();
+    if (err) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    sv.f_bsize = bsize;
+    sv.f_frsize = frsize;
+    sv.f_blocks = blocks;
+    sv.f_bfree = bfree;
+    sv.f_bavail = bavail;
+    sv.f_files = files;
+    sv.f_ffree = ffree;
+    sv.f_namemax = namemax;
+    fuse_reply_statfs(req, &sv);
+}
+
+static void ll_access(fuse_req_t req, fuse_ino_t ino, int mask)
+{
+    Session *s = fuse_req_userdata(req);
+    int err = 0;
+    size_t len;
+    char *path = ino_path(s, ino, &len, &err);
+    if (!path) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    gil_enter();
+    Py_XDECREF(call_path(s, "access", path, len, &mask, &err));
+    gil_leave();
+    free(path);
+    fuse_reply_err(req, err);
+}
+
+static const struct fuse_lowlevel_ops ll_ops = {
+    .init = ll_init,
+    .lookup = ll_lookup,
+    .forget = ll_forget,
+    .forget_multi = ll_forget_multi,
+    .getattr = ll_getattr,
+    .open = ll_open,
+    .read = ll_read,
+    .release = ll_release,
+    .opendir = ll_opendir,
+    .readdir = ll_readdir,
+    .readdirplus = ll_readdirplus,
+    .releasedir = ll_releasedir,
+    .statfs = ll_statfs,
+    .access = ll_access,
+    /* flush, getxattr, listxattr: left out, libfuse answers ENOSYS once and
+     * the kernel stops asking */
+};
+
+/* -- the Python type ------------------------------------------------------ */
+
+static int Session_init(Session *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"ops", "mountpoint", "options", "timeout", "attr_ttl",
+                             "max_threads", NULL};
+    PyObject *ops;
+    const char *mountpoint, *options;
+    double timeout, attr_ttl;
+    unsigned int max_threads;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OssddI", kwlist, &ops, &mountpoint, &options,
+                                     &timeout, &attr_ttl, &max_threads))
+        return -1;
+    if (self->se) {
+        PyErr_SetString(PyExc_RuntimeError, "the session is already set up");
+        return -1;
+    }
+    if (max_threads < 1 || max_threads > 1024 || timeout < 0 || attr_ttl < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_threads 1-1024, timeouts >= 0");
+        return -1;
+    }
+    if (table_init(&self->table) != 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_INCREF(ops);
+    self->ops = ops;
+    self->timeout = timeout;
+    self->attr_ttl_ns = attr_ttl >= 9.0e9 ? NEVER : (int64_t)(attr_ttl * 1e9);
+    self->max_threads = max_threads;
+
+    char *argv[] = {"datamount", "-o", (char *)options, NULL};
+    struct fuse_args fargs = FUSE_ARGS_INIT(3, argv);
+    self->se = fuse_session_new(&fargs, &ll_ops, sizeof(ll_ops), self);
+    fuse_opt_free_args(&fargs);
+    if (!self->se) {
+        PyErr_SetString(PyExc_RuntimeError, "libfuse refused the mount options");
+        return -1;
+    }
+    if (fuse_session_mount(self->se, mountpoint) != 0) {
+        fuse_session_destroy(self->se);
+        self->se = NULL;
+        PyErr_Format(PyExc_RuntimeError, "libfuse could not mount %s", mountpoint);
+        return -1;
+    }
+    self->mounted = 1;
+    return 0;
+}
+
+static PyObject *Session_loop(Session *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!self->se || !self->mounted) {
+        PyErr_SetString(PyExc_RuntimeError, "not mounted");
+        return NULL;
+    }
+    struct fuse_loop_config *cfg = fuse_loop_cfg_create();
+    if (!cfg)
+        return PyErr_NoMemory();
+    fuse_loop_cfg_set_max_threads(cfg, self->max_threads);
+    fuse_loop_cfg_set_idle_threads(cfg, self->max_threads); /* workers kept for the mount's life */
+    fuse_loop_cfg_set_clone_fd(cfg, 0);
+    int status;
+    self->loop_thread = pthread_self();
+    __atomic_store_n(&self->looping, 1, __ATOMIC_RELEASE);
+    Py_BEGIN_ALLOW_THREADS
+    status = fuse_session_loop_mt(self->se, cfg);
+    Py_END_ALLOW_THREADS
+    __atomic_store_n(&self->looping, 0, __ATOMIC_RELEASE);
+    fuse_loop_cfg_destroy(cfg);
+    fuse_session_unmount(self->se);
+    self->mounted = 0;
+    return PyLong_FromLong(status);
+}
+
+static PyObject *Session_exit(Session *self, PyObject *Py_UNUSED(ignored))
+{
+    /* end the loop from outside a request: flag the session, then interrupt
+     * the loop thread's wait with a signal (SIGUSR1, which Python handles) */
+    if (self->se) {
+        fuse_session_exit(self->se);
+        if (__atomic_load_n(&self->looping, __ATOMIC_ACQUIRE))
+            pthread_kill(self->loop_thread, SIGUSR1);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Session_counters(Session *self, PyObject *Py_UNUSED(ignored))
+{
+    pthread_rwlock_rdlock(&self->table.lock);
+    unsigned long long nodes = self->table.count;
+    pthread_rwlock_unlock(&self->table.lock);
+    return Py_BuildValue(
+        "{sKsKsKsK}", "native_lookups",
+        (unsigned long long)__atomic_load_n(&self->native_lookups, __ATOMIC_RELAXED),
+        "native_getattrs",
+        (unsigned long long)__atomic_load_n(&self->native_getattrs, __ATOMIC_RELAXED),
+        "python_calls",
+        (unsigned long long)__atomic_load_n(&self->python_calls, __ATOMIC_RELAXED), "inodes",
+        nodes);
+}
+
+static void Session_dealloc(Session *self)
+{
+    if (self->se) {
+        if (self->mounted)
+            fuse_session_unmount(self->se);
+        fuse_session_destroy(self->se);
+        self->se = NULL;
+    }
+    table_free(&self->table);
+    Py_XDECREF(self->ops);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Session_methods[] = {
+    {"loop", (PyCFunction)Session_loop, METH_NOARGS,
+     "Serve until unmounted or exit() is called (the GIL released); libfuse's status."},
+    {"exit", (PyCFunction)Session_exit, METH_NOARGS,
+     "End the loop from any thread (it returns once its workers stopped)."},
+    {"counters", (PyCFunction)Session_counters, METH_NOARGS,
+     "What the native side answered without Python, the calls into Python, the inodes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SessionType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "datamount.fs._lowlevel.Session",
+    .tp_basicsize = sizeof(Session),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A FUSE session on libfuse3's low-level API, mounted at creation.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Session_init,
+    .tp_dealloc = (destructor)Session_dealloc,
+    .tp_methods = Session_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "datamount.fs._lowlevel",
+    "libfuse3's low-level loop outside the GIL (see the C source's header).", -1, NULL,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__lowlevel(void)
+{
+    if (PyType_Ready(&SessionType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&SessionType);
+    if (PyModule_AddObject(m, "Session", (PyObject *)&SessionType) < 0) {
+        Py_DECREF(&SessionType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "MAX_IO", MAX_IO);
+    return m;
+}

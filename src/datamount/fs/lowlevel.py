@@ -1,0 +1,210 @@
+"""The FUSE layer of ro_mount: libfuse3's low-level loop in C (`fs._lowlevel`)
+in front of `fs.ops.ReadOnlyFS`.
+
+The native side runs libfuse's multi-threaded loop without the GIL and answers
+from its inode table what needs no decision: a lookup or getattr of a name it
+holds attributes of (from an earlier lookup or a listing), forget, and the
+inode numbers of listings. Everything else comes here, one call per request
+with the GIL held: `Ops` turns it into a ReadOnlyFS call and every failure
+into a negative errno through the funnel (`fs.funnel`). Why native and what
+each request costs: docs/design/ro_mount.md ("The native loop").
+
+Kernel-facing choices are those of `fs.fuse_adapter` (read-only, for the
+mounting user unless `fs.access` opens it, attribute / entry / negative
+timeouts equal the attribute cache TTL, `keep_cache` per open, reads up to
+1 MiB, no FLUSH, readdirplus with full attributes); an inode number names
+one path for the mount's life.
+
+Threads: libfuse's workers call `Ops` concurrently (each keeps one Python
+thread state for its life, made by the native side); `run` blocks its
+calling thread until the filesystem is unmounted or `stop_loop` is called.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from datamount.fs import funnel
+from datamount.fs._lowlevel import Session
+from datamount.fs.funnel import errno_of
+from datamount.fs.ops import ReadOnlyFS
+
+log = logging.getLogger("datamount.fuse")
+
+NEVER_SECONDS = 365 * 24 * 3600.0  # "never expires" for the kernel's caches
+# The kernel's directory entries (fuse_dirent, fuse_direntplus): a header, then
+# the name, padded to 8 bytes. A listing call converts no more than fit.
+DIRENT, ENTRY_OUT = 24, 128
+
+F = TypeVar("F", bound=Callable[..., Any])
+Stat = tuple[int, int, int, int, int, int]  # mode, size, mtime_ns, nlink, uid, gid
+
+
+class MountFailed(RuntimeError):
+    """libfuse could not mount or run the filesystem (its message is in the log)."""
+
+
+def _answer(method: F) -> F:
+    """The errno funnel of every call from the native side: its result, or
+    the negative errno of what it raised (and, with metrics on, its latency)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any) -> Any:
+        observe = funnel.observer
+        start = time.perf_counter() if observe is not None else 0.0
+        try:
+            return method(self, *args)
+        except Exception as exc:
+            return -errno_of(name, exc)
+        finally:
+            if observe is not None:
+                observe(name, time.perf_counter() - start)
+
+    return call  # type: ignore[return-value]
+
+
+def _stat(st: dict[str, int]) -> Stat:
+    return (st["st_mode"], st["st_size"], st["st_mtime"], st["st_nlink"], st["st_uid"],
+            st["st_gid"])  # fmt: skip
+
+
+def _dirent_size(name: bytes, plus: bool) -> int:
+    return (DIRENT + (ENTRY_OUT if plus else 0) + len(name) + 7) & ~7
+
+
+class Ops:
+    """What the native loop calls: paths in, a tuple or a negative errno out."""
+
+    def __init__(self, fs: ReadOnlyFS, on_ready: Callable[[], None]) -> None:
+        self.fs = fs
+        self.on_ready = on_ready
+
+    def init(self, major: int, minor: int, readahead: int, max_write: int, max_read: int,
+             capable: int, want: int, threads: int) -> None:  # fmt: skip
+        log.info(
+            "FUSE init (native loop, %d threads): protocol %d.%d, max_readahead %d, "
+            "max_write %d, max_read %d, capable 0x%x, want 0x%x",
+            threads, major, minor, readahead, max_write, max_read, capable, want,
+        )  # fmt: skip
+        self.on_ready()
+
+    @_answer
+    def lookup(self, path: str) -> Stat:
+        return _stat(self.fs.getattr(path))
+
+    @_answer
+    def getattr(self, path: str) -> Stat:
+        return _stat(self.fs.getattr(path))
+
+    @_answer
+    def access(self, path: str, mask: int) -> int:
+        self.fs.access(path, mask)
+        return 0
+
+    @_answer
+    def statfs(self) -> tuple[int, ...]:
+        st = self.fs.statfs()
+        return (st["f_bsize"], st["f_frsize"], st["f_blocks"], st["f_bfree"], st["f_bavail"],
+                st["f_files"], st["f_ffree"], st["f_namemax"])  # fmt: skip
+
+    @_answer
+    def open(self, path: str, flags: int) -> tuple[int, bool, Stat | None]:
+        """(handle, keep_cache, the new attributes when the open pinned a
+        version other than the one the kernel may hold attributes of)."""
+        opened = self.fs.open(path, flags)
+        changed = None
+        if self.fs.kernel_attrs_stale(path):
+            changed = _stat(self.fs.stat_dict(self.fs.lookup(path)))
+        return opened.fh, opened.keep_cache, changed
+
+    @_answer
+    def read_into(self, fh: int, offset: int, view: memoryview) -> int:
+        return self.fs.read_into(fh, offset, view)
+
+    @_answer
+    def release(self, fh: int) -> int:
+        self.fs.release(fh)
+        return 0
+
+    @_answer
+    def opendir(self, path: str) -> int:
+        return self.fs.opendir(path)
+
+    @_answer
+    def readdir(self, dh: int, offset: int, size: int, plus: bool) -> list[Any]:
+        """The entries from `offset` on that fit in `size` bytes of the
+        kernel's buffer: (name, attributes, offset of the next)."""
+        out: list[Any] = []
+        for name, st, next_offset in self.fs.readdir(dh, offset):
+            encoded = os.fsencode(name)
+            size -= _dirent_size(encoded, plus)
+            if size < 0:
+                break
+            out.append((encoded, _stat(st), next_offset))
+        return out
+
+    @_answer
+    def releasedir(self, dh: int) -> int:
+        self.fs.releasedir(dh)
+        return 0
+
+
+class Loop:
+    """The mounted session, for the daemon: `stop_loop` ends it from outside."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def stop_loop(self, loop_thread: threading.Thread) -> None:
+        self.session.exit()
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.session.counters())
+
+
+def _options(fs: ReadOnlyFS, fsname: str) -> str:
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace(",", "\\,")
+
+    options = ["ro", f"fsname={escape(fsname)}", "subtype=datamount"]
+    options += [name for name, on in fs.permissions.fuse_options().items() if on]
+    return ",".join(options)
+
+
+def run(
+    fs: ReadOnlyFS,
+    mountpoint: str,
+    *,
+    ttl_seconds: float | None,
+    fsname: str,
+    max_threads: int,
+    on_ready: Callable[[], None],
+    adapter_ready: Callable[[Loop], None] = lambda loop: None,
+) -> None:
+    """Mount `fs` at `mountpoint` and serve until it is unmounted.
+
+    `on_ready` runs (on a libfuse thread) once the kernel has connected.
+    Raises MountFailed when libfuse cannot mount or its loop fails.
+    """
+    if fs.writes is not None:
+        raise ValueError("the native loop serves read-only filesystems")
+    timeout = NEVER_SECONDS if ttl_seconds is None else ttl_seconds
+    try:
+        session = Session(
+            Ops(fs, on_ready), mountpoint, _options(fs, fsname), timeout=timeout,
+            attr_ttl=float("inf") if ttl_seconds is None else ttl_seconds,
+            max_threads=max_threads,
+        )  # fmt: skip
+    except RuntimeError as exc:
+        raise MountFailed(str(exc)) from None
+    adapter_ready(Loop(session))
+    status = session.loop()
+    if status not in (0, None):
+        raise MountFailed(f"libfuse ended with status {status}")
