@@ -31,7 +31,11 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
+#define XXH_INLINE_ALL /* header-only: Debian's libxxhash-dev */
+#include <xxhash.h>
+
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -39,6 +43,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #if PY_VERSION_HEX >= 0x030D0000
 #define IS_FINALIZING() Py_IsFinalizing()
@@ -226,6 +231,241 @@ static char *table_path(struct table *t, fuse_ino_t ino, size_t *out_len)
     return path;
 }
 
+/* -- cached blocks: the disk tier's files, read without Python ------------- */
+
+/* The block file format (read/cache/blockfile.py, FORMAT_VERSION 2): a header
+ * "<8sHIIIQQQQ" (magic, version, lengths of store / key / etag, block index,
+ * object size, data length, XXH3-64 of the data), then store, key and etag,
+ * then the data, compact (right after) or paged (header and data each padded
+ * to whole pages): the file size tells which. */
+#define BLOCK_MAGIC "DMBLOCK\n"
+#define BLOCK_VERSION 2
+#define HEADER_SIZE 54
+#define PAGE 4096
+#define SLOTS 8 /* verified block files kept open per handle: one per stream */
+
+struct slot {
+    uint64_t index;
+    int fd;           /* -1: empty */
+    off_t data_off;
+    uint64_t length;
+};
+
+struct blocks {
+    uint64_t block_size;
+    uint64_t size;
+    uint64_t count;
+    char *ident;      /* store, key and etag, back to back */
+    size_t n_store, n_key, n_etag;
+    char **paths;     /* count of them */
+    pthread_mutex_t lock;
+    struct slot slots[SLOTS];
+    unsigned next;    /* the slot the next verified file takes */
+};
+
+/* what fi->fh points at: Python's handle, and its blocks when cached on disk */
+struct open_file {
+    unsigned long long py_fh;
+    struct blocks *blocks;
+};
+
+static uint64_t le64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t pages(uint64_t n)
+{
+    return (n + PAGE - 1) / PAGE * PAGE;
+}
+
+static void blocks_free(struct blocks *b)
+{
+    if (!b)
+        return;
+    for (unsigned i = 0; i < SLOTS; i++)
+        if (b->slots[i].fd >= 0)
+            close(b->slots[i].fd);
+    if (b->paths)
+        for (uint64_t i = 0; i < b->count; i++)
+            free(b->paths[i]);
+    free(b->paths);
+    free(b->ident);
+    pthread_mutex_destroy(&b->lock);
+    free(b);
+}
+
+/* GIL held: the blocks Python described (read/cache/blockfile.CachedBlocks:
+ * block_size, size, store, key, etag, paths), or NULL (None, or not usable) */
+static struct blocks *blocks_from(PyObject *desc)
+{
+    unsigned long long block_size, size;
+    const char *store, *key, *etag;
+    Py_ssize_t n_store, n_key, n_etag;
+    PyObject *paths;
+    if (desc == Py_None)
+        return NULL;
+    if (!PyTuple_Check(desc) ||
+        !PyArg_ParseTuple(desc, "KKy#y#y#O", &block_size, &size, &store, &n_store, &key, &n_key,
+                          &etag, &n_etag, &paths) ||
+        !PyTuple_Check(paths)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    uint64_t count = block_size ? (size + block_size - 1) / block_size : 0;
+    if (block_size == 0 || (uint64_t)PyTuple_GET_SIZE(paths) != count)
+        return NULL;
+    struct blocks *b = calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    pthread_mutex_init(&b->lock, NULL);
+    for (unsigned i = 0; i < SLOTS; i++)
+        b->slots[i].fd = -1;
+    b->block_size = block_size;
+    b->size = size;
+    b->count = count;
+    b->n_store = (size_t)n_store;
+    b->n_key = (size_t)n_key;
+    b->n_etag = (size_t)n_etag;
+    b->ident = malloc(b->n_store + b->n_key + b->n_etag + 1);
+    b->paths = calloc(count ? count : 1, sizeof(*b->paths));
+    if (!b->ident || !b->paths)
+        goto fail;
+    memcpy(b->ident, store, b->n_store);
+    memcpy(b->ident + b->n_store, key, b->n_key);
+    memcpy(b->ident + b->n_store + b->n_key, etag, b->n_etag);
+    for (uint64_t i = 0; i < count; i++) {
+        Py_ssize_t len;
+        const char *path = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(paths, i), &len);
+        if (!path) {
+            PyErr_Clear();
+            goto fail;
+        }
+        b->paths[i] = strndup(path, (size_t)len);
+        if (!b->paths[i])
+            goto fail;
+    }
+    return b;
+fail:
+    blocks_free(b);
+    return NULL;
+}
+
+/* Open block `index`'s file and check it is exactly that block, whole: its
+ * data read into `data` (block_size bytes). The fd, or -1 (no such file, or
+ * not this block: Python reads it, and removes a bad one). */
+static int block_open(struct blocks *b, uint64_t index, char *data, off_t *data_off,
+                      uint64_t *length)
+{
+    int fd = open(b->paths[index], O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t n_ident = b->n_store + b->n_key + b->n_etag;
+    size_t n_head = HEADER_SIZE + n_ident;
+    unsigned char *head = malloc(n_head);
+    struct stat st;
+    if (!head || fstat(fd, &st) != 0 || pread(fd, head, n_head, 0) != (ssize_t)n_head)
+        goto bad;
+    uint64_t expected = index + 1 < b->count ? b->block_size : b->size - index * b->block_size;
+    uint64_t len = le64(head + 38);
+    if (memcmp(head, BLOCK_MAGIC, 8) != 0 || (head[8] | head[9] << 8) != BLOCK_VERSION ||
+        le32(head + 10) != b->n_store || le32(head + 14) != b->n_key ||
+        le32(head + 18) != b->n_etag || le64(head + 22) != index || le64(head + 30) != b->size ||
+        len != expected || memcmp(head + HEADER_SIZE, b->ident, n_ident) != 0)
+        goto bad;
+    off_t off;
+    if ((uint64_t)st.st_size == n_head + len)
+        off = (off_t)n_head;
+    else if ((uint64_t)st.st_size == pages(n_head) + pages(len))
+        off = (off_t)pages(n_head);
+    else
+        goto bad;
+    if (pread(fd, data, len, off) != (ssize_t)len || XXH3_64bits(data, len) != le64(head + 46))
+        goto bad;
+    free(head);
+    *data_off = off;
+    *length = len;
+    return fd;
+bad:
+    free(head);
+    close(fd);
+    return -1;
+}
+
+/* Read [off, off + size) of the object from its cached block files into
+ * `buf`: the bytes read, or -1 when a block is not on disk (or not whole). */
+static ssize_t blocks_read(struct blocks *b, char *buf, size_t size, uint64_t off)
+{
+    if (off >= b->size)
+        return 0;
+    if (size > b->size - off)
+        size = (size_t)(b->size - off);
+    size_t done = 0;
+    char *scratch = NULL;
+    while (done < size) {
+        uint64_t pos = off + done;
+        uint64_t index = pos / b->block_size;
+        uint64_t within = pos - index * b->block_size;
+        size_t want = size - done;
+        int fd = -1;
+        off_t data_off = 0;
+        uint64_t length = 0;
+        pthread_mutex_lock(&b->lock);
+        for (unsigned i = 0; i < SLOTS; i++) {
+            if (b->slots[i].fd >= 0 && b->slots[i].index == index) {
+                fd = dup(b->slots[i].fd); /* another read may close the slot's meanwhile */
+                data_off = b->slots[i].data_off;
+                length = b->slots[i].length;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&b->lock);
+        if (fd < 0) {
+            if (!scratch && !(scratch = malloc(b->block_size)))
+                return -1;
+            fd = block_open(b, index, scratch, &data_off, &length);
+            if (fd < 0) {
+                free(scratch);
+                return -1;
+            }
+            if (want > length - within)
+                want = (size_t)(length - within);
+            memcpy(buf + done, scratch + within, want);
+            done += want;
+            pthread_mutex_lock(&b->lock);
+            struct slot *slot = &b->slots[b->next];
+            b->next = (b->next + 1) % SLOTS;
+            if (slot->fd >= 0)
+                close(slot->fd);
+            slot->index = index;
+            slot->fd = fd;
+            slot->data_off = data_off;
+            slot->length = length;
+            pthread_mutex_unlock(&b->lock);
+            continue;
+        }
+        if (want > length - within)
+            want = (size_t)(length - within);
+        ssize_t got = pread(fd, buf + done, want, data_off + (off_t)within);
+        close(fd);
+        if (got != (ssize_t)want) {
+            free(scratch);
+            return -1;
+        }
+        done += want;
+    }
+    free(scratch);
+    return (ssize_t)done;
+}
+
 /* -- the session ---------------------------------------------------------- */
 
 typedef struct {
@@ -242,6 +482,8 @@ typedef struct {
     /* served without Python (atomic) */
     uint64_t native_lookups;
     uint64_t native_getattrs;
+    uint64_t native_reads;
+    uint64_t native_read_bytes;
     uint64_t python_calls;
 } Session;
 
@@ -620,28 +862,43 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         fuse_reply_err(req, err);
         return;
     }
-    unsigned long long fh = 0;
+    struct open_file *of = calloc(1, sizeof(*of));
+    if (!of) {
+        free(path);
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
     int keep = 0;
     int changed = 0;
+    int opened = 0;
     struct attrs a;
     gil_enter();
     PyObject *r = call_path(s, "open", path, len, &fi->flags, &err);
     if (!err) {
-        /* (fh, keep_cache, attrs of a changed version or None) */
-        PyObject *attrs = NULL;
-        if (!PyTuple_Check(r) || !PyArg_ParseTuple(r, "KpO", &fh, &keep, &attrs)) {
+        /* (fh, keep_cache, attrs of a changed version or None, cached blocks or None) */
+        PyObject *attrs = NULL, *blocks = NULL;
+        if (!PyTuple_Check(r) ||
+            !PyArg_ParseTuple(r, "KpOO", &of->py_fh, &keep, &attrs, &blocks)) {
             PyErr_Clear();
             err = EIO;
-        } else if (attrs != Py_None) {
-            changed = 1;
-            if (parse_attrs(attrs, &a) != 0)
-                err = EIO;
+        } else {
+            opened = 1;
+            of->blocks = blocks_from(blocks);
+            if (attrs != Py_None) {
+                changed = 1;
+                if (parse_attrs(attrs, &a) != 0)
+                    err = EIO;
+            }
         }
     }
+    if (err && opened) /* opened, but the answer is unusable: give the handle back */
+        Py_XDECREF(call_ops(s, "release", "(K)", of->py_fh));
     Py_XDECREF(r);
     gil_leave();
     free(path);
     if (err) {
+        blocks_free(of->blocks);
+        free(of);
         fuse_reply_err(req, err);
         return;
     }
@@ -654,14 +911,16 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         pthread_rwlock_unlock(&s->table.lock);
         fuse_lowlevel_notify_inval_inode(s->se, ino, 0, 0);
     }
-    fi->fh = fh;
+    fi->fh = (uint64_t)(uintptr_t)of;
     fi->keep_cache = keep ? 1 : 0;
     fi->direct_io = 0;
     if (fuse_reply_open(req, fi) == -ENOENT) {
-        /* the opener was interrupted: the handle is Python's to drop */
+        /* the opener was interrupted: no release will come */
         gil_enter();
-        Py_XDECREF(call_ops(s, "release", "(K)", fh));
+        Py_XDECREF(call_ops(s, "release", "(K)", of->py_fh));
         gil_leave();
+        blocks_free(of->blocks);
+        free(of);
     }
 }
 
@@ -669,6 +928,7 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                     struct fuse_file_info *fi)
 {
     Session *s = fuse_req_userdata(req);
+    struct open_file *of = (struct open_file *)(uintptr_t)fi->fh;
     (void)ino;
     if (size > MAX_IO)
         size = MAX_IO;
@@ -677,11 +937,20 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         fuse_reply_err(req, ENOMEM);
         return;
     }
+    if (of->blocks && off >= 0) {
+        ssize_t n = blocks_read(of->blocks, buf, size, (uint64_t)off);
+        if (n >= 0) {
+            __atomic_add_fetch(&s->native_reads, 1, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&s->native_read_bytes, (uint64_t)n, __ATOMIC_RELAXED);
+            fuse_reply_buf(req, buf, (size_t)n);
+            free(buf);
+            return;
+        }
+    }
     long long got = -EIO;
     gil_enter();
     PyObject *view = PyMemoryView_FromMemory(buf, (Py_ssize_t)size, PyBUF_WRITE);
-    PyObject *r = view ? call_ops(s, "read_into", "(KLO)", (unsigned long long)fi->fh,
-                                  (long long)off, view)
+    PyObject *r = view ? call_ops(s, "read_into", "(KLO)", of->py_fh, (long long)off, view)
                        : NULL;
     if (!view)
         PyErr_WriteUnraisable(s->ops);
@@ -718,12 +987,15 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     Session *s = fuse_req_userdata(req);
+    struct open_file *of = (struct open_file *)(uintptr_t)fi->fh;
     (void)ino;
     gil_enter();
-    PyObject *r = call_ops(s, "release", "(K)", (unsigned long long)fi->fh);
+    PyObject *r = call_ops(s, "release", "(K)", of->py_fh);
     int err = answer_errno(r);
     Py_XDECREF(r);
     gil_leave();
+    blocks_free(of->blocks);
+    free(of);
     fuse_reply_err(req, err);
 }
 
@@ -1070,10 +1342,14 @@ static PyObject *Session_counters(Session *self, PyObject *Py_UNUSED(ignored))
     unsigned long long nodes = self->table.count;
     pthread_rwlock_unlock(&self->table.lock);
     return Py_BuildValue(
-        "{sKsKsKsK}", "native_lookups",
+        "{sKsKsKsKsKsK}", "native_lookups",
         (unsigned long long)__atomic_load_n(&self->native_lookups, __ATOMIC_RELAXED),
         "native_getattrs",
         (unsigned long long)__atomic_load_n(&self->native_getattrs, __ATOMIC_RELAXED),
+        "native_reads",
+        (unsigned long long)__atomic_load_n(&self->native_reads, __ATOMIC_RELAXED),
+        "native_read_bytes",
+        (unsigned long long)__atomic_load_n(&self->native_read_bytes, __ATOMIC_RELAXED),
         "python_calls",
         (unsigned long long)__atomic_load_n(&self->python_calls, __ATOMIC_RELAXED), "inodes",
         nodes);

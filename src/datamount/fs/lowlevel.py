@@ -34,6 +34,7 @@ from datamount.fs import funnel
 from datamount.fs._lowlevel import Session
 from datamount.fs.funnel import errno_of
 from datamount.fs.ops import ReadOnlyFS
+from datamount.read.cache.blockfile import CachedBlocks
 
 log = logging.getLogger("datamount.fuse")
 
@@ -115,14 +116,19 @@ class Ops:
                 st["f_files"], st["f_ffree"], st["f_namemax"])  # fmt: skip
 
     @_answer
-    def open(self, path: str, flags: int) -> tuple[int, bool, Stat | None]:
+    def open(self, path: str, flags: int) -> tuple[int, bool, Stat | None, CachedBlocks | None]:
         """(handle, keep_cache, the new attributes when the open pinned a
-        version other than the one the kernel may hold attributes of)."""
+        version other than the one the kernel may hold attributes of, where
+        the disk tier keeps the pinned version's blocks)."""
         opened = self.fs.open(path, flags)
         changed = None
         if self.fs.kernel_attrs_stale(path):
             changed = _stat(self.fs.stat_dict(self.fs.lookup(path)))
-        return opened.fh, opened.keep_cache, changed
+        blocks = None
+        file = self.fs.opened(opened.fh)
+        if self.fs.cached_blocks is not None and file is not None and file.obj is not None:
+            blocks = self.fs.cached_blocks(file.obj)
+        return opened.fh, opened.keep_cache, changed, blocks
 
     @_answer
     def read_into(self, fh: int, offset: int, view: memoryview) -> int:
@@ -165,9 +171,6 @@ class Loop:
     def stop_loop(self, loop_thread: threading.Thread) -> None:
         self.session.exit()
 
-    def counters(self) -> dict[str, int]:
-        return dict(self.session.counters())
-
 
 def _options(fs: ReadOnlyFS, fsname: str) -> str:
     def escape(value: str) -> str:
@@ -204,6 +207,7 @@ def run(
         )  # fmt: skip
     except RuntimeError as exc:
         raise MountFailed(str(exc)) from None
+    fs.native_counters = session.counters
     adapter_ready(Loop(session))
     status = session.loop()
     if status not in (0, None):

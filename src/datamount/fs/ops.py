@@ -46,6 +46,7 @@ from datamount.fs.access import Access, mount_access
 from datamount.fs.handles import DirStream, Opened, OpenFile
 from datamount.fs.namespace import Attrs, Namespace
 from datamount.read.blocks import ObjectId
+from datamount.read.cache.blockfile import CachedBlocks
 from datamount.read.reader import Reader, ReadHandle
 
 T = TypeVar("T")
@@ -107,6 +108,12 @@ class ReadOnlyFS:
     # file-ahead prefetcher (read.ahead) watches the order of opens. It must
     # not block: it only queues the event.
     on_open: Callable[[str], None] | None = None
+    # Block mode with a disk tier: where the blocks of an object version are
+    # cached, for the native FUSE loop to read them without Python (fs.lowlevel).
+    cached_blocks: Callable[[ObjectId], CachedBlocks | None] | None = None
+    # What the native FUSE loop served without calling in (fs.lowlevel): its
+    # reads are added to `counters()`'s, the rest reported as they are.
+    native_counters: Callable[[], dict[str, int]] | None = None
 
     def __init__(
         self,
@@ -383,6 +390,11 @@ class ReadOnlyFS:
             counts["open_files"] = len(self._files)
             counts["reads_in_flight"] = self._inflight
         counts["metadata_requests"] = self.namespace.requests
+        if self.native_counters is not None:
+            native = self.native_counters()
+            counts["reads"] += native["native_reads"]
+            counts["bytes_read"] += native["native_read_bytes"]
+            counts.update(native)
         return counts
 
     def close(self) -> None:

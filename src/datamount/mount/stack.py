@@ -40,6 +40,7 @@ from datamount.fs.ops import ReadOnlyFS
 from datamount.mount.plan import MountPlan
 from datamount.read.ahead import MAX_LISTING, FileAhead
 from datamount.read.blocks import ObjectId
+from datamount.read.cache.blockfile import CachedBlocks
 from datamount.read.cache.disk import DiskCache
 from datamount.read.cache.protocol import BlockCache, NoCache
 from datamount.read.cache.ram import MemoryCache
@@ -72,11 +73,14 @@ class MountReader:
         closers: list[Callable[[], None]],
         budget: MemoryBudget,
         fetcher: BlockFetcher | None = None,
+        blocks_of: Callable[[ObjectId], CachedBlocks | None] | None = None,
     ) -> None:
         self.reader = reader
         self._closers = closers
         self.budget = budget
         self.fetcher = fetcher  # block mode: what the file-ahead prefetcher fetches with
+        # block mode with a disk tier: where an object's blocks are cached (fs.lowlevel)
+        self.blocks_of = blocks_of
 
     def open(self, obj: ObjectId) -> ReadHandle:
         return self.reader.open(obj)
@@ -166,7 +170,11 @@ def build_reader(
         closers.insert(1, lane.close)  # after the scheduler: no fetch calls it any more
     if dense is not None:
         closers.insert(0, dense.close)
-    return MountReader(reader, closers, budget, fetcher if block_mode else None)
+    blocks_of = None
+    if block_mode and isinstance(disk, DiskCache):
+        on_disk, block_size = disk, settings.read_block_size
+        blocks_of = lambda obj: on_disk.files_of(obj, block_size)  # noqa: E731
+    return MountReader(reader, closers, budget, fetcher if block_mode else None, blocks_of)
 
 
 def start_lane(settings: Settings, store: ObjectStore, disk: BlockCache) -> MountLane | None:
@@ -330,6 +338,7 @@ def build(plan: MountPlan) -> Stack:
         if fs is None:
             fs = ReadOnlyFS(namespace, reader, store_id=location.store_root,
                             access=access_from(settings, writable=False))  # fmt: skip
+            fs.cached_blocks = reader.blocks_of
         cleanup.callback(fs.close)
         ahead = file_ahead(reader, stats, namespace, location.store_root)
         if ahead is not None:

@@ -38,6 +38,7 @@ import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import xxhash
 
@@ -60,17 +61,36 @@ ALIGN = PAGE  # O_DIRECT alignment of buffer address, offset and length (the pag
 DIRECT_MIN = 64 << 10  # below this a buffered write is as cheap
 
 
-def _identity(obj: ObjectId) -> tuple[bytes, bytes, bytes]:
+def identity(obj: ObjectId) -> tuple[bytes, bytes, bytes]:
     def utf8(text: str) -> bytes:
         return text.encode("utf-8", "surrogatepass")
 
     return utf8(obj.store), utf8(obj.key), utf8(obj.etag)
 
 
-@functools.lru_cache(maxsize=4096)  # get, put and the writer each ask for it
-def block_name(key: BlockKey) -> str:
+class CachedBlocks(NamedTuple):
+    """Where the disk tier keeps the blocks of one object version, for a
+    reader outside Python (the native FUSE loop, fs/_lowlevel.c): block i of
+    the object is `paths[i]`, a file in this module's format whose header
+    must name exactly `store`, `key` and `etag` (UTF-8) and whose data must
+    match its checksum, else the block is read through Python."""
+
+    block_size: int
+    size: int
+    store: bytes
+    key: bytes
+    etag: bytes
+    paths: tuple[str, ...]
+
+
+def block_names(obj: ObjectId, block_size: int) -> list[str]:
+    """The file names of every block of `obj` (not through block_name's cache)."""
+    return [_block_name(BlockKey(obj, i)) for i in range(-(-obj.size // block_size))]
+
+
+def _block_name(key: BlockKey) -> str:
     """The file name (without suffix) of a block: a hash of its full identity."""
-    parts = _identity(key.obj)
+    parts = identity(key.obj)
     digest = hashlib.blake2b(digest_size=16)
     digest.update(struct.pack("<IIIQQ", *map(len, parts), key.index, key.obj.size))
     for part in parts:
@@ -78,8 +98,12 @@ def block_name(key: BlockKey) -> str:
     return digest.hexdigest()
 
 
+# get, put and the writer each ask for it
+block_name = functools.lru_cache(maxsize=4096)(_block_name)
+
+
 def encode_header(key: BlockKey, data: BlockData) -> bytes:
-    store, name, etag = _identity(key.obj)
+    store, name, etag = identity(key.obj)
     lengths = (len(store), len(name), len(etag))
     fields = (key.index, key.obj.size, len(data), checksum(data))
     return HEADER.pack(MAGIC, FORMAT_VERSION, *lengths, *fields) + store + name + etag
@@ -87,7 +111,7 @@ def encode_header(key: BlockKey, data: BlockData) -> bytes:
 
 def header_size(obj: ObjectId) -> int:
     """The length of `encode_header` for a block of `obj`."""
-    return HEADER.size + sum(map(len, _identity(obj)))
+    return HEADER.size + sum(map(len, identity(obj)))
 
 
 def checksum(data: BlockData) -> int:
@@ -98,7 +122,7 @@ def checksum(data: BlockData) -> int:
 def read(path: str, key: BlockKey) -> tuple[bytes, int] | None:
     """(data, file size), or None when the file is not exactly this block.
     Two preads on a raw fd: no file object, no read-ahead buffer."""
-    store, name, etag = _identity(key.obj)
+    store, name, etag = identity(key.obj)
     ident = store + name + etag
     fd = os.open(path, os.O_RDONLY)
     try:

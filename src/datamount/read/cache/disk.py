@@ -42,15 +42,18 @@ from pathlib import Path
 
 from datamount.budget import DISK_QUEUE, MemoryBudget
 from datamount.private import folders
-from datamount.read.blocks import BlockData, BlockKey
+from datamount.read.blocks import BlockData, BlockKey, ObjectId
 from datamount.read.cache import blockfile
 from datamount.read.cache.blockfile import (
     SUFFIX,
     TMP_DIR,
     BlockFiles,
+    CachedBlocks,
     block_name,
+    block_names,
     encode_header,
     header_size,
+    identity,
 )
 from datamount.read.stats import MountStats
 
@@ -137,6 +140,24 @@ class DiskCache:
             thread.start()
 
     # --- the BlockCache protocol ---------------------------------------------------
+
+    def files_of(self, obj: ObjectId, block_size: int) -> CachedBlocks | None:
+        """Where this tier keeps every block of `obj`, or None unless it holds
+        them all: the native FUSE loop reads a whole cached file without
+        Python, and leaves any other to Python, whose prefetch must see every
+        read (docs/design/ro_mount.md, "The native loop"). The blocks count as
+        used now, file by file: the reads that follow do not tell this tier."""
+        names = block_names(obj, block_size)
+        with self._lock:
+            indexed = all(name in self._index for name in names)
+            if indexed:
+                for name in names:
+                    self._index.move_to_end(name)
+            ready = self._ready.is_set()
+        paths = tuple(map(self._files.path, names))
+        if not indexed and (ready or not all(map(os.path.isfile, paths))):
+            return None
+        return CachedBlocks(block_size, obj.size, *identity(obj), paths)
 
     def get(self, key: BlockKey) -> BlockData | None:
         name = block_name(key)
