@@ -15,12 +15,13 @@ setup: system-deps $(STAMP) $(NODE_STAMP)
 
 # System packages: fusermount3 (FUSE mounts), npm (Azurite), python3-venv, and
 # what pip needs to build the native FUSE loop from source (gcc, libfuse3-dev,
-# Python's headers).
+# libxxhash-dev, Python's headers).
 system-deps:
 	@missing=""; \
 	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
 	[ -f /usr/include/fuse3/fuse_lowlevel.h ] || missing="$$missing libfuse3-dev"; \
+	[ -f /usr/include/xxhash.h ] || missing="$$missing libxxhash-dev"; \
 	$(PYTHON) -c "import os, sysconfig; assert os.path.exists(sysconfig.get_paths()['include'] + '/Python.h')" \
 		>/dev/null 2>&1 || missing="$$missing python3-dev"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \

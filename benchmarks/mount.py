@@ -16,7 +16,11 @@ distinct blocks touched; issue 16), 11 A by 8 threads, each sequential over its 
 1 MiB preads, through one open handle (a model loader; issue 29), 12 the same through 8
 handles (sha256 of the whole), 13-15 B by a torch DataLoader of 4 workers over
 datamount.data's FileDataset in listing order, shuffled, and shuffled with the order sent by
-`FileDataset.hint` (issue 29). Around each workload:
+`FileDataset.hint` (issue 29), 16-19 a restarted job over what the previous mount cached (A
+sequentially, B by 8 threads; a first mount reads until every block is on disk, then unmount,
+drop the page cache, mount again over that cache folder; 18 and 19 with the cache on a tmpfs;
+root only) against "cache files", the block files themselves read by the same reader after
+dropping the page cache (issue 27). Around each workload:
 the daemon's CPU and peak RSS (/proc/<pid>/stat, VmHWM reset first), its stats file's
 bytes_fetched, and the bytes Azurite sent (/proc io). Baselines: `datamount download` of
 A and B, the downloaded A from local disk (evicted with posix_fadvise) and page cache,
@@ -33,7 +37,7 @@ delay line (_delay.py: D ms each way, 2 x D more on a new connection) between da
 and Azurite, as a cloud store's latency (in-region blob storage: ~5-20 ms); fsspec's
 FUSE is not behind it.
 
-Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,15] [--repeat N]
+Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,19] [--repeat N]
                            [--scale 0.1] [--keep] [--no-fsspec] [--http] [--no-gil]
                            [--delay-ms D]
                            [--datamount-env NAME=VALUE ...]
@@ -88,19 +92,44 @@ NAMES = {1: "1 cold sequential", 2: "2 warm re-read", 3: "3 random 64 KiB",
          4: "4 B, 8 threads", 5: "5 walk + stat B", 6: "6 scandir L",
          7: "7 B, 1 thr listing", 8: "8 B, 1 thr shuffle", 9: "9 B, shuffle+hint",
          10: "10 sparse random", 11: "11 A, 8 parts 1 fd", 12: "12 A, 8 parts 8 fds",
-         13: "13 B, loader list", 14: "14 B, loader shuf", 15: "15 B, loader hint"}  # fmt: skip
+         13: "13 B, loader list", 14: "14 B, loader shuf", 15: "15 B, loader hint",
+         16: "16 A recached", 17: "17 B recached", 18: "18 A recached tmpfs",
+         19: "19 B recached tmpfs"}  # fmt: skip
 NEEDS = {1: "A", 2: "A", 3: "A", 4: "B", 5: "B", 6: "L", 7: "B", 8: "B", 9: "B", 10: "A",
-         11: "A", 12: "A", 13: "B", 14: "B", 15: "B"}  # fmt: skip
+         11: "A", 12: "A", 13: "B", 14: "B", 15: "B", 16: "A", 17: "B", 18: "A",
+         19: "B"}  # fmt: skip
+# Workloads 16-19 (issue 27): a restarted job reading what the previous mount cached. A first
+# mount reads the data until every block is in its disk tier; unmount, drop the page cache,
+# mount again over the same cache folder and read it all (A sequentially, B by 8 threads);
+# 18 and 19 with the cache folder on a tmpfs. Baseline "cache files": the block files
+# themselves read by the same reader after dropping the page cache (no FUSE at all).
+RECACHE = {16: ("A", False), 17: ("B", False), 18: ("A", True), 19: ("B", True)}
 # Workloads 13-15 (issue 29): a DataLoader of LOADER_WORKERS over FileDataset, in each order.
 LOADER = {13: "listing", 14: "shuffled", 15: "hinted"}
 LOADER_WORKERS = 4
 # Workloads 11 and 12 (issue 29): THREADS sequential streams over A, on 1 handle or on THREADS.
 PARTS = {11: 1, 12: THREADS}
-BY_BYTES = (1, 2, 4, 7, 8, 9, 11, 12, 13, 14, 15)  # rated in MB/s (the others in ops/s)
+BY_BYTES = (
+    1,
+    2,
+    4,
+    7,
+    8,
+    9,
+    11,
+    12,
+    13,
+    14,
+    15,
+    16,
+    17,
+    18,
+    19,
+)  # rated in MB/s (the others in ops/s)
 # Workloads 7-9 (issues 16 and 14): one reader thread over B in listing order, in a
 # seeded shuffled order, and in that order told to the daemon first (a loader hint).
 ONE_THREAD = {7: "listing", 8: "shuffled", 9: "hinted"}
-ORDER = ("datamount", "download", "local cache", "local disk", "fsspec FUSE")
+ORDER = ("datamount", "download", "local cache", "local disk", "cache files", "fsspec FUSE")
 
 
 class Failed(Exception):
@@ -183,6 +212,16 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
         out = stop(bytes=sum(map(len, datas)), ops=len(datas))
         digests = zip(entries, map(hashlib.sha256, datas), strict=True)
         return {**out, "problems": sum(h.hexdigest() != sha for (_, sha), h in digests)}
+    if kind == "raw":  # args: LIST (absolute paths) THREADS; bytes counted, nothing checked
+        paths = Path(args[0]).read_text().splitlines()
+
+        def whole(name: str) -> int:
+            with open(name, "rb", buffering=0) as f:
+                return len(f.read())
+
+        with ThreadPoolExecutor(int(args[1])) as pool:
+            total = sum(pool.map(whole, paths))
+        return stop(bytes=total, ops=len(paths), problems=0)
     if kind == "walk":  # args: "COUNT TOTAL"
         sizes = [os.stat(os.path.join(top, n)).st_size for top, _, ns in os.walk(path) for n in ns]
         return stop(bytes=0, ops=len(sizes), problems=int(f"{len(sizes)} {sum(sizes)}" != args[0]))
@@ -348,9 +387,10 @@ class Bench:
 
 
 @contextlib.contextmanager
-def datamount_mount(bench: Bench, ds: Dataset) -> Iterator[Server]:
-    """`datamount mount` of `ds` in a fresh scratch folder (cache, logs, mount point)."""
-    scratch = bench.scratch(f"mount-{ds.name}")
+def datamount_mount(bench: Bench, ds: Dataset, scratch: Path | None = None) -> Iterator[Server]:
+    """`datamount mount` of `ds` in a fresh scratch folder (cache, logs, mount point),
+    or in `scratch` again (its cache as the last mount there left it)."""
+    scratch = scratch or bench.scratch(f"mount-{ds.name}")
     mp, env, spec = scratch / "mnt", bench.env(scratch), scratch / "spec.yaml"
     kind = "uri_file" if ds.is_file else "uri_folder"
     spec.write_text(f"type: {kind}\npath: {uri(ds)}\nmode: ro_mount\n")
@@ -529,6 +569,73 @@ def run_datamount(bench: Bench) -> None:
         attempt(bench, (w,), "datamount", on(a, "parts", str(handles)))
     for w, order in LOADER.items():
         attempt(bench, (w,), "datamount", on(b, "loader", str(bench.workdir / "B.list"), order))
+
+
+def block_files(cache: Path) -> list[str]:
+    return sorted(map(str, (cache / "blocks").glob("*/??/*.blk")))
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3")
+    except OSError as exc:
+        raise Failed(f"cannot drop the page cache (root only): {exc.strerror}") from None
+
+
+@contextlib.contextmanager
+def cache_folder(scratch: Path, tmpfs: bool) -> Iterator[Path]:
+    """scratch/cache, on a tmpfs of its own when asked (unmounted at the end)."""
+    cache = scratch / "cache"
+    cache.mkdir(mode=0o700)
+    if not tmpfs:
+        yield cache
+        return
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g,mode=0700", "tmpfs", str(cache)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise Failed(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield cache
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], capture_output=True)
+
+
+def run_recached(bench: Bench) -> None:
+    """Workloads 16-19: datamount over the cache a first mount filled, and the block
+    files themselves ("cache files"), each after dropping the page cache."""
+    for w, (name, tmpfs) in RECACHE.items():
+        ds = bench.sets.get(name)
+
+        def body(
+            wanted: list[int], w: int = w, ds: Dataset | None = ds, tmpfs: bool = tmpfs
+        ) -> None:
+            assert ds is not None
+            scratch = bench.scratch(f"recache-{ds.name}")
+            kind, args = ("seq", ()) if ds.is_file else ("files", (str(bench.workdir / "B.list"),))
+            sha = ds.files[0].sha256 if ds.is_file else ""
+            blocks = sum(-(-f.size // BLOCK) for f in ds.files)
+            with cache_folder(scratch, tmpfs) as cache:
+                with datamount_mount(bench, ds, scratch) as server:  # fill the cache
+                    filled = probe(bench, Row(w, "datamount"), server, kind, server.root, *args)
+                    deadline = time.monotonic() + 120
+                    while len(block_files(cache)) < blocks and time.monotonic() < deadline:
+                        time.sleep(0.2)
+                if filled.failed or len(block_files(cache)) < blocks:
+                    raise Failed(f"the first mount cached {len(block_files(cache))} of "
+                                 f"{blocks} blocks {filled.failed}")  # fmt: skip
+                drop_page_cache()
+                with datamount_mount(bench, ds, scratch) as server:
+                    bench.add(probe(bench, Row(w, "datamount"), server, kind, server.root, *args,
+                                    sha=sha))  # fmt: skip
+                listing = scratch / "blocks.list"
+                listing.write_text("\n".join(block_files(cache)) + "\n")
+                drop_page_cache()
+                threads = "1" if ds.is_file else str(THREADS)
+                bench.add(probe(bench, Row(w, "cache files"), None, "raw", listing, str(listing),
+                                threads))  # fmt: skip
+
+        attempt(bench, (w,), "datamount", body)
 
 
 def run_baselines(bench: Bench) -> None:
@@ -721,6 +828,25 @@ def targets(bench: Bench, best: dict[tuple[int, str], Row]) -> None:
             print(f"hinted / unhinted shuffle, {w}: {y.seconds / x.seconds:.2f}")
     vs = [f"{w}: {r:.2f}" for w in (1, 3, 4) if (r := ratio(w, "datamount", "fsspec FUSE"))]
     print("datamount / fsspec FUSE throughput: " + (", ".join(vs) or "n/a"))
+    print("targets (issue 27, cached data; files/s and GB/s scale with the machine):")
+    for wl, (name, tmpfs) in RECACHE.items():
+        if not (x := good(wl, "datamount")):
+            continue
+        rate = (
+            f"{x.ops / x.seconds:,.0f} files/s"
+            if name == "B"
+            else f"{x.bytes / x.seconds / 1e9:.2f} GB/s"
+        )
+        goal = ">= 8,000 files/s" if name == "B" else ">= 1.3 GB/s"
+        per = (
+            f", daemon {x.server_cpu / x.ops * 1e3:.3f} ms CPU per file"
+            if name == "B" and x.server_cpu
+            else ""
+        )
+        vs_files = ratio(wl, "datamount", "cache files")
+        versus = f", {vs_files:.2f} x the cache files read directly" if vs_files else ""
+        where = "tmpfs" if tmpfs else "disk (>= 0.9 x the cache files)"
+        print(f"  {NAMES[wl]:<20} {rate}{per}{versus}; target on {where}: {goal}")
 
 
 # -- main --------------------------------------------------------------------------------
@@ -754,8 +880,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--datasets", default="A,B,L", help="comma-separated: A, B, L")
     parser.add_argument(
         "--workloads",
-        default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15",
-        help="comma-separated: 1 to 15",
+        default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19",
+        help="comma-separated: 1 to 19",
     )
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
@@ -794,7 +920,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     wanted = {w.strip() for w in opts.workloads.split(",") if w.strip()}
     opts.workloads = sorted(w for w in NAMES if str(w) in wanted and NEEDS[w] in sets)
     if sets - set("ABL") or wanted - set(map(str, NAMES)) or not opts.workloads:
-        parser.error("--datasets takes A, B, L and --workloads 1 to 15 (one of them needing them)")
+        parser.error("--datasets takes A, B, L and --workloads 1 to 19 (one of them needing them)")
     if opts.repeat < 1 or not 0 < opts.scale <= 1 or not 0 <= opts.delay_ms <= 1000:
         parser.error("--repeat >= 1, 0 < --scale <= 1 and 0 <= --delay-ms <= 1000")
     return opts
@@ -836,7 +962,7 @@ def main(argv: list[str]) -> int:
         prepare(bench)
         for rep in range(opts.repeat):
             print(f"\nround {rep + 1} of {opts.repeat}")
-            for contenders in (run_baselines, run_datamount, run_fsspec):
+            for contenders in (run_baselines, run_datamount, run_recached, run_fsspec):
                 if not (opts.no_fsspec and contenders is run_fsspec):
                     contenders(bench)
         best = report(bench)
