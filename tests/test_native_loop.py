@@ -92,6 +92,9 @@ def test_a_remount_reads_cached_files_without_python_and_exactly(
         finally:
             os.close(fd)
     again = unmount_ok(mounts, mp, env)
+    # small.bin is one block: its lookup told the native side where that block is, and
+    # both its opens stayed there; big.bin (10 blocks) is opened by Python each time.
+    assert again["fs"]["native_opens"] == 2 and again["fs"]["opens"] == 4
     total = sum(map(len, files.values()))
     assert again["cache"]["bytes_fetched"] == 0
     assert again["cache"]["disk_hits"] == again["cache"]["ram_hits"] == 0
@@ -133,3 +136,31 @@ def test_a_bad_block_file_is_never_served_python_reads_the_block_again(
     # The two good blocks came from their files, the bad one from storage again.
     assert stats["fs"]["native_read_bytes"] == 2 * BS
     assert stats["cache"]["bytes_fetched"] == BS
+
+
+def test_a_native_open_whose_block_went_is_read_through_python_pinned_to_that_version(
+    azurite, container, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    files = {f"ds/f{i}.bin": rng.randbytes(BS // 2 + i) for i in range(4)}
+    azurite.seed(container, files)
+    env = env_for(azurite, tmp_path, container)
+    cache = tmp_path / "cache"
+    mp = mounts.point(tmp_path / "mnt")
+    mount_ok(folder_spec(tmp_path), mp, env)
+    for key, body in files.items():
+        assert read_direct(mp / key[3:]) == body
+    assert wait_for(lambda: len(block_files(cache)) == len(files))
+    unmount_ok(mounts, mp, env)
+
+    mount_ok(folder_spec(tmp_path), mp, env)
+    assert sorted(os.listdir(mp)) == sorted(k[3:] for k in files)  # the table knows them all
+    for path in block_files(cache):  # then the disk tier loses every block
+        path.unlink()
+    for key, body in files.items():
+        assert read_direct(mp / key[3:]) == body
+    stats = unmount_ok(mounts, mp, env)
+    # Opened natively (the listing said cached), read through Python: each file's
+    # version fetched again, exactly once.
+    assert stats["fs"]["native_opens"] == len(files)
+    assert stats["fs"]["native_reads"] == 0
+    assert stats["cache"]["bytes_fetched"] == sum(map(len, files.values()))

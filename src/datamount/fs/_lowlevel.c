@@ -56,6 +56,9 @@
 
 /* -- the inode table ------------------------------------------------------ */
 
+struct blocks;
+static void blocks_free(struct blocks *b);
+
 struct node {
     fuse_ino_t parent;
     char *name;          /* NUL-terminated; "" for the root */
@@ -70,6 +73,8 @@ struct node {
     nlink_t nlink;
     uid_t uid;
     gid_t gid;
+    struct blocks *desc; /* a one-block file whose block is in the disk tier: opened natively */
+    int kernel_has;      /* a native open of `desc`'s version happened: keep_cache */
 };
 
 struct table {
@@ -195,6 +200,7 @@ static void table_free(struct table *t)
     if (!t->nodes)
         return;
     for (fuse_ino_t ino = 1; ino <= t->count; ino++) {
+        blocks_free(t->nodes[ino]->desc);
         free(t->nodes[ino]->name);
         free(t->nodes[ino]);
     }
@@ -243,6 +249,7 @@ static char *table_path(struct table *t, fuse_ino_t ino, size_t *out_len)
 #define HEADER_SIZE 54
 #define PAGE 4096
 #define SLOTS 8 /* verified block files kept open per handle: one per stream */
+#define AHEAD 8 /* block files a sequential reader has read into the page cache ahead */
 
 struct slot {
     uint64_t index;
@@ -261,12 +268,18 @@ struct blocks {
     pthread_mutex_t lock;
     struct slot slots[SLOTS];
     unsigned next;    /* the slot the next verified file takes */
+    uint64_t last_end;    /* where the last read ended: the next starting there is sequential */
+    uint64_t ahead_until; /* block files below this index were asked into the page cache */
 };
 
-/* what fi->fh points at: Python's handle, and its blocks when cached on disk */
+/* what fi->fh points at: Python's handle (0: none yet, for a file opened
+ * natively), and its blocks when cached on disk */
 struct open_file {
     unsigned long long py_fh;
     struct blocks *blocks;
+    fuse_ino_t ino;
+    int flags;
+    pthread_mutex_t lock; /* a natively opened file's Python handle, made on its first miss */
 };
 
 static uint64_t le64(const unsigned char *p)
@@ -359,6 +372,43 @@ fail:
     return NULL;
 }
 
+static int same_version(const struct blocks *a, const struct blocks *b)
+{
+    return a && b && a->size == b->size && a->n_store == b->n_store && a->n_key == b->n_key &&
+           a->n_etag == b->n_etag &&
+           memcmp(a->ident, b->ident, a->n_store + a->n_key + a->n_etag) == 0;
+}
+
+/* a copy of `d` (a node's description) for one open file: its own slots */
+static struct blocks *blocks_clone(const struct blocks *d)
+{
+    struct blocks *b = calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    pthread_mutex_init(&b->lock, NULL);
+    for (unsigned i = 0; i < SLOTS; i++)
+        b->slots[i].fd = -1;
+    b->block_size = d->block_size;
+    b->size = d->size;
+    b->count = d->count;
+    b->n_store = d->n_store;
+    b->n_key = d->n_key;
+    b->n_etag = d->n_etag;
+    size_t n_ident = d->n_store + d->n_key + d->n_etag;
+    b->ident = malloc(n_ident + 1);
+    b->paths = calloc(d->count ? d->count : 1, sizeof(*b->paths));
+    if (!b->ident || !b->paths)
+        goto fail;
+    memcpy(b->ident, d->ident, n_ident);
+    for (uint64_t i = 0; i < d->count; i++)
+        if (!(b->paths[i] = strdup(d->paths[i])))
+            goto fail;
+    return b;
+fail:
+    blocks_free(b);
+    return NULL;
+}
+
 /* Open block `index`'s file and check it is exactly that block, whole: its
  * data read into `data` (block_size bytes). The fd, or -1 (no such file, or
  * not this block: Python reads it, and removes a bad one). */
@@ -400,6 +450,36 @@ bad:
     return -1;
 }
 
+/* A sequential reader at block `index`: ask the kernel to read the next AHEAD
+ * block files into the page cache (the disk works while the reader copies),
+ * as Python's prefetch window would have fetched them from the disk tier. */
+static void blocks_ahead(struct blocks *b, uint64_t index, uint64_t off)
+{
+    uint64_t from, to = index + 1 + AHEAD;
+    pthread_mutex_lock(&b->lock);
+    /* the block before was read (it holds a slot), or this read starts where
+     * the last ended (several reads of the kernel's readahead are in flight
+     * at once, so that alone misses some) */
+    int sequential = off != 0 && off == b->last_end;
+    for (unsigned i = 0; i < SLOTS && !sequential && index > 0; i++)
+        sequential = b->slots[i].fd >= 0 && b->slots[i].index == index - 1;
+    from = b->ahead_until > index + 1 ? b->ahead_until : index + 1;
+    if (to > b->count)
+        to = b->count;
+    if (sequential && from < to)
+        b->ahead_until = to;
+    pthread_mutex_unlock(&b->lock);
+    if (!sequential)
+        return;
+    for (uint64_t i = from; i < to; i++) {
+        int fd = open(b->paths[i], O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+        close(fd);
+    }
+}
+
 /* Read [off, off + size) of the object from its cached block files into
  * `buf`: the bytes read, or -1 when a block is not on disk (or not whole). */
 static ssize_t blocks_read(struct blocks *b, char *buf, size_t size, uint64_t off)
@@ -408,6 +488,8 @@ static ssize_t blocks_read(struct blocks *b, char *buf, size_t size, uint64_t of
         return 0;
     if (size > b->size - off)
         size = (size_t)(b->size - off);
+    if (b->count > 1)
+        blocks_ahead(b, off / b->block_size, off);
     size_t done = 0;
     char *scratch = NULL;
     while (done < size) {
@@ -463,6 +545,9 @@ static ssize_t blocks_read(struct blocks *b, char *buf, size_t size, uint64_t of
         done += want;
     }
     free(scratch);
+    pthread_mutex_lock(&b->lock);
+    b->last_end = off + done;
+    pthread_mutex_unlock(&b->lock);
     return (ssize_t)done;
 }
 
@@ -482,6 +567,7 @@ typedef struct {
     /* served without Python (atomic) */
     uint64_t native_lookups;
     uint64_t native_getattrs;
+    uint64_t native_opens;
     uint64_t native_reads;
     uint64_t native_read_bytes;
     uint64_t python_calls;
@@ -603,7 +689,14 @@ struct attrs {
     nlink_t nlink;
     uid_t uid;
     gid_t gid;
+    struct blocks *desc; /* owned until node_set_attrs takes it; attrs_drop frees it */
 };
+
+static void attrs_drop(struct attrs *a)
+{
+    blocks_free(a->desc);
+    a->desc = NULL;
+}
 
 /* GIL held: a stat tuple (mode, size, mtime_ns, nlink, uid, gid) from Python */
 static int parse_attrs(PyObject *tuple, struct attrs *a)
@@ -611,11 +704,16 @@ static int parse_attrs(PyObject *tuple, struct attrs *a)
     unsigned long mode, nlink, uid, gid;
     unsigned long long size;
     long long mtime;
+    PyObject *desc = Py_None;
+    a->desc = NULL;
     if (!PyTuple_Check(tuple) ||
-        !PyArg_ParseTuple(tuple, "kKLkkk", &mode, &size, &mtime, &nlink, &uid, &gid)) {
+        !PyArg_ParseTuple(tuple, "kKLkkk|O", &mode, &size, &mtime, &nlink, &uid, &gid, &desc)) {
         PyErr_Clear();
         return -EIO;
     }
+    a->desc = blocks_from(desc);
+    if (a->desc && (a->desc->count != 1 || a->desc->size != size))
+        attrs_drop(a); /* natively opened: one-block files only */
     a->mode = (mode_t)mode;
     a->size = size;
     a->mtime_ns = mtime;
@@ -640,9 +738,14 @@ static int call_attrs(Session *s, const char *method, const char *path, size_t l
     return err;
 }
 
-/* write lock held */
-static void node_set_attrs(Session *s, struct node *n, const struct attrs *a)
+/* write lock held; takes a->desc */
+static void node_set_attrs(Session *s, struct node *n, struct attrs *a)
 {
+    if (!same_version(n->desc, a->desc))
+        n->kernel_has = 0;
+    blocks_free(n->desc);
+    n->desc = a->desc;
+    a->desc = NULL;
     n->mode = a->mode;
     n->size = a->size;
     n->mtime_ns = a->mtime_ns;
@@ -721,6 +824,82 @@ static void fill_entry(Session *s, fuse_ino_t ino, const struct node *n, struct 
     node_stat(ino, n, &e->attr);
 }
 
+struct dirent_in {
+    char *name;
+    size_t name_len;
+    struct attrs a;
+    int has_attrs;
+    off_t next;
+};
+
+static void entries_free(struct dirent_in *entries, ssize_t count)
+{
+    for (ssize_t i = 0; i < count; i++) {
+        free(entries[i].name);
+        attrs_drop(&entries[i].a);
+    }
+    free(entries);
+}
+
+
+/* GIL held: the entries Python gave, copied out of its objects; the count,
+ * or a negative errno */
+static ssize_t take_entries(PyObject *list, struct dirent_in **out)
+{
+    if (!PyList_Check(list))
+        return -EIO;
+    Py_ssize_t count = PyList_GET_SIZE(list);
+    struct dirent_in *entries = calloc(count ? (size_t)count : 1, sizeof(*entries));
+    if (!entries)
+        return -ENOMEM;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(list, i);
+        PyObject *name, *attrs;
+        long long next;
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "OOL", &name, &attrs, &next) ||
+            !PyBytes_Check(name)) {
+            PyErr_Clear();
+            goto fail;
+        }
+        struct dirent_in *d = &entries[i];
+        d->name_len = (size_t)PyBytes_GET_SIZE(name);
+        d->name = malloc(d->name_len + 1);
+        if (!d->name)
+            goto fail;
+        memcpy(d->name, PyBytes_AS_STRING(name), d->name_len + 1);
+        if (memchr(d->name, '\0', d->name_len) || memchr(d->name, '/', d->name_len))
+            goto fail;
+        d->has_attrs = parse_attrs(attrs, &d->a) == 0;
+        d->next = (off_t)next;
+    }
+    *out = entries;
+    return count;
+fail:
+    entries_free(entries, count);
+    return -EIO;
+}
+
+static int is_dot(const char *name)
+{
+    return strcmp(name, ".") == 0 || strcmp(name, "..") == 0;
+}
+
+/* write lock held: the entries of folder `parent` into the table (no kernel
+ * reference taken: the kernel has not been told of them) */
+static void table_add_entries(Session *s, fuse_ino_t parent, struct dirent_in *entries,
+                              ssize_t count)
+{
+    for (ssize_t i = 0; i < count; i++) {
+        struct dirent_in *d = &entries[i];
+        if (!d->has_attrs || is_dot(d->name))
+            continue;
+        fuse_ino_t child = table_get_or_add(&s->table, parent, d->name, d->name_len);
+        if (!child)
+            return;
+        node_set_attrs(s, s->table.nodes[child], &d->a);
+    }
+}
+
 /* -- the operations ------------------------------------------------------- */
 
 static void ll_init(void *userdata, struct fuse_conn_info *conn)
@@ -763,9 +942,34 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         fuse_reply_err(req, err);
         return;
     }
-    struct attrs a;
-    err = call_attrs(s, "lookup", path, len, &a);
+    /* (attributes, the parent's other entries when its listing is newly
+     * complete, or None): one lookup in a folder fills the table for all */
+    struct attrs a = {0};
+    struct dirent_in *siblings = NULL;
+    ssize_t n_siblings = 0;
+    gil_enter();
+    PyObject *r = call_path(s, "lookup", path, len, NULL, &err);
+    if (!err) {
+        PyObject *attrs, *more;
+        if (!PyTuple_Check(r) || !PyArg_ParseTuple(r, "OO", &attrs, &more) ||
+            parse_attrs(attrs, &a) != 0) {
+            PyErr_Clear();
+            err = EIO;
+        } else if (more != Py_None) {
+            n_siblings = take_entries(more, &siblings);
+            if (n_siblings < 0)
+                n_siblings = 0;
+        }
+    }
+    Py_XDECREF(r);
+    gil_leave();
     free(path);
+    if (n_siblings) {
+        pthread_rwlock_wrlock(&s->table.lock);
+        table_add_entries(s, parent, siblings, n_siblings);
+        pthread_rwlock_unlock(&s->table.lock);
+        entries_free(siblings, n_siblings);
+    }
     if (err == ENOENT) {
         /* a negative entry the kernel keeps for the timeout */
         memset(&e, 0, sizeof(e));
@@ -781,6 +985,7 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     ino = table_get_or_add(&s->table, parent, name, name_len);
     if (!ino) {
         pthread_rwlock_unlock(&s->table.lock);
+        attrs_drop(&a);
         fuse_reply_err(req, ENOMEM);
         return;
     }
@@ -837,7 +1042,7 @@ static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         fuse_reply_err(req, err);
         return;
     }
-    struct attrs a;
+    struct attrs a = {0};
     err = call_attrs(s, "getattr", path, len, &a);
     free(path);
     if (err) {
@@ -852,38 +1057,38 @@ static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     fuse_reply_attr(req, &st, s->timeout);
 }
 
-static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+static void open_file_free(struct open_file *of)
 {
-    Session *s = fuse_req_userdata(req);
+    blocks_free(of->blocks);
+    pthread_mutex_destroy(&of->lock);
+    free(of);
+}
+
+/* Python's open of `ino` into `of`: its handle, and the blocks when `of` has
+ * none yet; 0 or an errno. A one-block file's cached blocks become its
+ * node's, so its next opens are native. */
+static int python_open(Session *s, struct open_file *of, fuse_ino_t ino, int *keep)
+{
     int err = 0;
     size_t len;
     char *path = ino_path(s, ino, &len, &err);
-    if (!path) {
-        fuse_reply_err(req, err);
-        return;
-    }
-    struct open_file *of = calloc(1, sizeof(*of));
-    if (!of) {
-        free(path);
-        fuse_reply_err(req, ENOMEM);
-        return;
-    }
-    int keep = 0;
-    int changed = 0;
-    int opened = 0;
-    struct attrs a;
+    if (!path)
+        return err;
+    int changed = 0, opened = 0;
+    unsigned long long fh = 0;
+    struct attrs a = {0};
+    struct blocks *blocks = NULL;
     gil_enter();
-    PyObject *r = call_path(s, "open", path, len, &fi->flags, &err);
+    PyObject *r = call_path(s, "open", path, len, &of->flags, &err);
     if (!err) {
         /* (fh, keep_cache, attrs of a changed version or None, cached blocks or None) */
-        PyObject *attrs = NULL, *blocks = NULL;
-        if (!PyTuple_Check(r) ||
-            !PyArg_ParseTuple(r, "KpOO", &of->py_fh, &keep, &attrs, &blocks)) {
+        PyObject *attrs = NULL, *desc = NULL;
+        if (!PyTuple_Check(r) || !PyArg_ParseTuple(r, "KpOO", &fh, keep, &attrs, &desc)) {
             PyErr_Clear();
             err = EIO;
         } else {
             opened = 1;
-            of->blocks = blocks_from(blocks);
+            blocks = blocks_from(desc);
             if (attrs != Py_None) {
                 changed = 1;
                 if (parse_attrs(attrs, &a) != 0)
@@ -892,35 +1097,116 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         }
     }
     if (err && opened) /* opened, but the answer is unusable: give the handle back */
-        Py_XDECREF(call_ops(s, "release", "(K)", of->py_fh));
+        Py_XDECREF(call_ops(s, "release", "(K)", fh));
     Py_XDECREF(r);
     gil_leave();
     free(path);
     if (err) {
-        blocks_free(of->blocks);
-        free(of);
-        fuse_reply_err(req, err);
+        blocks_free(blocks);
+        attrs_drop(&a);
+        return err;
+    }
+    pthread_rwlock_wrlock(&s->table.lock);
+    struct node *n = s->table.nodes[ino];
+    if (changed)
+        node_set_attrs(s, n, &a);
+    if (blocks && blocks->count == 1 && !same_version(n->desc, blocks)) {
+        blocks_free(n->desc);
+        n->desc = blocks_clone(blocks);
+    }
+    if (same_version(n->desc, blocks))
+        n->kernel_has = 1; /* the kernel may cache pages of this version from now on */
+    pthread_rwlock_unlock(&s->table.lock);
+    if (changed) /* drop the kernel's attributes and pages: no read stops at the old size */
+        fuse_lowlevel_notify_inval_inode(s->se, ino, 0, 0);
+    of->py_fh = fh;
+    of->blocks = blocks;
+    return 0;
+}
+
+/* A natively opened file needs Python (a block not on disk): a Python handle
+ * pinned to exactly the version the native open served; 0 or an errno. */
+static int python_handle(Session *s, struct open_file *of)
+{
+    int err = 0;
+    pthread_mutex_lock(&of->lock);
+    if (!of->py_fh) {
+        size_t len;
+        char *path = ino_path(s, of->ino, &len, &err);
+        if (path) {
+            struct blocks *b = of->blocks;
+            gil_enter();
+            PyObject *py_path = PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)len);
+            PyObject *r = py_path ? call_ops(s, "open_version", "(Oy#y#y#K)", py_path, b->ident,
+                                             (Py_ssize_t)b->n_store, b->ident + b->n_store,
+                                             (Py_ssize_t)b->n_key,
+                                             b->ident + b->n_store + b->n_key,
+                                             (Py_ssize_t)b->n_etag, (unsigned long long)b->size)
+                                  : NULL;
+            if (!py_path)
+                PyErr_WriteUnraisable(s->ops);
+            err = answer_errno(r);
+            if (!err) {
+                of->py_fh = PyLong_AsUnsignedLongLong(r);
+                if (PyErr_Occurred()) {
+                    PyErr_Clear();
+                    of->py_fh = 0;
+                    err = EIO;
+                }
+            }
+            Py_XDECREF(r);
+            Py_XDECREF(py_path);
+            gil_leave();
+            free(path);
+        }
+    }
+    pthread_mutex_unlock(&of->lock);
+    return err;
+}
+
+static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    struct open_file *of = calloc(1, sizeof(*of));
+    if (!of) {
+        fuse_reply_err(req, ENOMEM);
         return;
     }
-    if (changed) {
-        /* the open pinned a version other than the one the kernel may hold
-         * attributes of: new attributes here, then drop the kernel's (and its
-         * pages), so no read stops at the old size */
-        pthread_rwlock_wrlock(&s->table.lock);
-        node_set_attrs(s, s->table.nodes[ino], &a);
-        pthread_rwlock_unlock(&s->table.lock);
-        fuse_lowlevel_notify_inval_inode(s->se, ino, 0, 0);
+    pthread_mutex_init(&of->lock, NULL);
+    of->ino = ino;
+    of->flags = fi->flags;
+    int keep = 0;
+
+    /* a one-block file whose block is on disk, attributes fresh: no Python */
+    pthread_rwlock_rdlock(&s->table.lock);
+    if (ino >= 1 && ino <= s->table.count) {
+        struct node *n = s->table.nodes[ino];
+        if (S_ISREG(n->mode) && n->desc && node_fresh(n) &&
+            (fi->flags & O_ACCMODE) == O_RDONLY && (of->blocks = blocks_clone(n->desc))) {
+            keep = __atomic_exchange_n(&n->kernel_has, 1, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&s->native_opens, 1, __ATOMIC_RELAXED);
+        }
+    }
+    pthread_rwlock_unlock(&s->table.lock);
+    if (!of->blocks) {
+        int err = python_open(s, of, ino, &keep);
+        if (err) {
+            open_file_free(of);
+            fuse_reply_err(req, err);
+            return;
+        }
     }
     fi->fh = (uint64_t)(uintptr_t)of;
     fi->keep_cache = keep ? 1 : 0;
     fi->direct_io = 0;
     if (fuse_reply_open(req, fi) == -ENOENT) {
         /* the opener was interrupted: no release will come */
-        gil_enter();
-        Py_XDECREF(call_ops(s, "release", "(K)", of->py_fh));
-        gil_leave();
-        blocks_free(of->blocks);
-        free(of);
+        if (of->py_fh) {
+            gil_enter();
+            Py_XDECREF(call_ops(s, "release", "(K)", of->py_fh));
+            gil_leave();
+        }
+        open_file_free(of);
     }
 }
 
@@ -946,6 +1232,12 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
             free(buf);
             return;
         }
+    }
+    int err = of->py_fh ? 0 : python_handle(s, of);
+    if (err) {
+        free(buf);
+        fuse_reply_err(req, err);
+        return;
     }
     long long got = -EIO;
     gil_enter();
@@ -988,14 +1280,16 @@ static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
     Session *s = fuse_req_userdata(req);
     struct open_file *of = (struct open_file *)(uintptr_t)fi->fh;
+    int err = 0;
     (void)ino;
-    gil_enter();
-    PyObject *r = call_ops(s, "release", "(K)", of->py_fh);
-    int err = answer_errno(r);
-    Py_XDECREF(r);
-    gil_leave();
-    blocks_free(of->blocks);
-    free(of);
+    if (of->py_fh) {
+        gil_enter();
+        PyObject *r = call_ops(s, "release", "(K)", of->py_fh);
+        err = answer_errno(r);
+        Py_XDECREF(r);
+        gil_leave();
+    }
+    open_file_free(of);
     fuse_reply_err(req, err);
 }
 
@@ -1032,58 +1326,6 @@ static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         Py_XDECREF(call_ops(s, "releasedir", "(K)", dh));
         gil_leave();
     }
-}
-
-struct dirent_in {
-    char *name;
-    size_t name_len;
-    struct attrs a;
-    int has_attrs;
-    off_t next;
-};
-
-/* GIL held: the entries Python gave, copied out of its objects; the count,
- * or a negative errno */
-static ssize_t take_entries(PyObject *list, struct dirent_in **out)
-{
-    if (!PyList_Check(list))
-        return -EIO;
-    Py_ssize_t count = PyList_GET_SIZE(list);
-    struct dirent_in *entries = calloc(count ? (size_t)count : 1, sizeof(*entries));
-    if (!entries)
-        return -ENOMEM;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyList_GET_ITEM(list, i);
-        PyObject *name, *attrs;
-        long long next;
-        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "OOL", &name, &attrs, &next) ||
-            !PyBytes_Check(name)) {
-            PyErr_Clear();
-            goto fail;
-        }
-        struct dirent_in *d = &entries[i];
-        d->name_len = (size_t)PyBytes_GET_SIZE(name);
-        d->name = malloc(d->name_len + 1);
-        if (!d->name)
-            goto fail;
-        memcpy(d->name, PyBytes_AS_STRING(name), d->name_len + 1);
-        if (memchr(d->name, '\0', d->name_len) || memchr(d->name, '/', d->name_len))
-            goto fail;
-        d->has_attrs = parse_attrs(attrs, &d->a) == 0;
-        d->next = (off_t)next;
-    }
-    *out = entries;
-    return count;
-fail:
-    for (Py_ssize_t i = 0; i < count; i++)
-        free(entries[i].name);
-    free(entries);
-    return -EIO;
-}
-
-static int is_dot(const char *name)
-{
-    return strcmp(name, ".") == 0 || strcmp(name, "..") == 0;
 }
 
 static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -1151,9 +1393,7 @@ static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
     fuse_reply_buf(req, buf, used);
     free(buf);
 done:
-    for (ssize_t i = 0; i < count; i++)
-        free(entries[i].name);
-    free(entries);
+    entries_free(entries, count);
 }
 
 static void ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -1336,13 +1576,46 @@ static PyObject *Session_exit(Session *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+static PyObject *Session_forget(Session *self, PyObject *arg)
+{
+    /* the version of `path` changed in storage: drop its attributes and
+     * cached blocks, so its next lookup and open ask Python */
+    char *path;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(arg, &path, &len) < 0)
+        return NULL;
+    pthread_rwlock_wrlock(&self->table.lock);
+    fuse_ino_t ino = self->table.nodes ? FUSE_ROOT_ID : 0;
+    for (Py_ssize_t at = 0; ino && at < len;) {
+        while (at < len && path[at] == '/')
+            at++;
+        Py_ssize_t end = at;
+        while (end < len && path[end] != '/')
+            end++;
+        if (end > at)
+            ino = table_find(&self->table, ino, path + at, (size_t)(end - at));
+        at = end;
+    }
+    if (ino) {
+        struct node *n = self->table.nodes[ino];
+        n->has_attr = 0;
+        n->kernel_has = 0;
+        blocks_free(n->desc);
+        n->desc = NULL;
+    }
+    pthread_rwlock_unlock(&self->table.lock);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Session_counters(Session *self, PyObject *Py_UNUSED(ignored))
 {
     pthread_rwlock_rdlock(&self->table.lock);
     unsigned long long nodes = self->table.count;
     pthread_rwlock_unlock(&self->table.lock);
     return Py_BuildValue(
-        "{sKsKsKsKsKsK}", "native_lookups",
+        "{sKsKsKsKsKsKsK}", "native_opens",
+        (unsigned long long)__atomic_load_n(&self->native_opens, __ATOMIC_RELAXED),
+        "native_lookups",
         (unsigned long long)__atomic_load_n(&self->native_lookups, __ATOMIC_RELAXED),
         "native_getattrs",
         (unsigned long long)__atomic_load_n(&self->native_getattrs, __ATOMIC_RELAXED),
@@ -1373,6 +1646,8 @@ static PyMethodDef Session_methods[] = {
      "Serve until unmounted or exit() is called (the GIL released); libfuse's status."},
     {"exit", (PyCFunction)Session_exit, METH_NOARGS,
      "End the loop from any thread (it returns once its workers stopped)."},
+    {"forget", (PyCFunction)Session_forget, METH_O,
+     "Drop what the table knows of a path (bytes): its version changed in storage."},
     {"counters", (PyCFunction)Session_counters, METH_NOARGS,
      "What the native side answered without Python, the calls into Python, the inodes."},
     {NULL, NULL, 0, NULL},

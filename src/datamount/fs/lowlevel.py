@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import posixpath
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +34,9 @@ from typing import Any, TypeVar
 from datamount.fs import funnel
 from datamount.fs._lowlevel import Session
 from datamount.fs.funnel import errno_of
+from datamount.fs.namespace import Attrs
 from datamount.fs.ops import ReadOnlyFS
+from datamount.read.blocks import ObjectId
 from datamount.read.cache.blockfile import CachedBlocks
 
 log = logging.getLogger("datamount.fuse")
@@ -45,6 +48,8 @@ DIRENT, ENTRY_OUT = 24, 128
 
 F = TypeVar("F", bound=Callable[..., Any])
 Stat = tuple[int, int, int, int, int, int]  # mode, size, mtime_ns, nlink, uid, gid
+# ...and, for a file of one block cached on disk, where: the native loop opens it alone
+Entry = tuple[int, int, int, int, int, int, CachedBlocks | None]
 
 
 class MountFailed(RuntimeError):
@@ -86,6 +91,35 @@ class Ops:
     def __init__(self, fs: ReadOnlyFS, on_ready: Callable[[], None]) -> None:
         self.fs = fs
         self.on_ready = on_ready
+        self._lock = threading.Lock()
+        self._dirs: dict[int, str] = {}  # open directory handle -> its path
+        self._told: set[str] = set()  # folders whose whole listing the native table has
+
+    def _entry(self, path: str, attrs: Attrs) -> Entry:
+        """The native table's entry for `path`: its stat and, for a one-block
+        file the disk tier holds, where that block is."""
+        cached = None
+        fs = self.fs
+        if not attrs.is_dir and attrs.size <= fs.block_size and fs.cached_blocks is not None:
+            cached = fs.cached_blocks(ObjectId(fs.store_id, attrs.key, attrs.etag, attrs.size))
+        return (*_stat(fs.stat_dict(attrs)), cached)
+
+    def _siblings(self, path: str) -> list[tuple[bytes, Entry, int]] | None:
+        """The other entries of `path`'s folder, once, when its listing is
+        complete: one lookup fills the native table for the whole folder."""
+        folder = posixpath.dirname(path)
+        with self._lock:
+            if folder in self._told:
+                return None
+        listing = self.fs.namespace.listed(folder)
+        if listing is None:
+            return None
+        with self._lock:
+            if folder in self._told:
+                return None
+            self._told.add(folder)
+        join = (folder.rstrip("/") + "/").__add__
+        return [(os.fsencode(name), self._entry(join(name), a), 0) for name, a in listing.items()]
 
     def init(self, major: int, minor: int, readahead: int, max_write: int, max_read: int,
              capable: int, want: int, threads: int) -> None:  # fmt: skip
@@ -97,12 +131,15 @@ class Ops:
         self.on_ready()
 
     @_answer
-    def lookup(self, path: str) -> Stat:
-        return _stat(self.fs.getattr(path))
+    def lookup(self, path: str) -> tuple[Entry, list[tuple[bytes, Entry, int]] | None]:
+        """(the entry of `path`, its folder's other entries or None)."""
+        self.fs.count(getattrs=1)
+        return self._entry(path, self.fs.lookup(path)), self._siblings(path)
 
     @_answer
-    def getattr(self, path: str) -> Stat:
-        return _stat(self.fs.getattr(path))
+    def getattr(self, path: str) -> Entry:
+        self.fs.count(getattrs=1)
+        return self._entry(path, self.fs.lookup(path))
 
     @_answer
     def access(self, path: str, mask: int) -> int:
@@ -131,6 +168,17 @@ class Ops:
         return opened.fh, opened.keep_cache, changed, blocks
 
     @_answer
+    def open_version(self, path: str, store: bytes, key: bytes, etag: bytes, size: int) -> int:
+        """A handle of `path` pinned to exactly that version (a file the native
+        loop opened, whose next read it cannot serve)."""
+
+        def text(raw: bytes) -> str:
+            return raw.decode("utf-8", "surrogatepass")
+
+        obj = ObjectId(text(store), text(key), text(etag), size)
+        return self.fs.open_version(path, obj)
+
+    @_answer
     def read_into(self, fh: int, offset: int, view: memoryview) -> int:
         return self.fs.read_into(fh, offset, view)
 
@@ -141,23 +189,33 @@ class Ops:
 
     @_answer
     def opendir(self, path: str) -> int:
-        return self.fs.opendir(path)
+        dh = self.fs.opendir(path)
+        with self._lock:
+            self._dirs[dh] = path
+        return dh
 
     @_answer
     def readdir(self, dh: int, offset: int, size: int, plus: bool) -> list[Any]:
         """The entries from `offset` on that fit in `size` bytes of the
         kernel's buffer: (name, attributes, offset of the next)."""
         out: list[Any] = []
+        with self._lock:
+            folder = self._dirs.get(dh, "")
+        join = (folder.rstrip("/") + "/").__add__
         for name, st, next_offset in self.fs.readdir(dh, offset):
             encoded = os.fsencode(name)
             size -= _dirent_size(encoded, plus)
             if size < 0:
                 break
-            out.append((encoded, _stat(st), next_offset))
+            attrs = None if name in (".", "..") else self.fs.namespace.peek(join(name))
+            entry = _stat(st) if attrs is None else self._entry(join(name), attrs)
+            out.append((encoded, entry, next_offset))
         return out
 
     @_answer
     def releasedir(self, dh: int) -> int:
+        with self._lock:
+            self._dirs.pop(dh, None)
         self.fs.releasedir(dh)
         return 0
 
@@ -208,6 +266,7 @@ def run(
     except RuntimeError as exc:
         raise MountFailed(str(exc)) from None
     fs.native_counters = session.counters
+    fs.on_stale = lambda path: session.forget(os.fsencode(path))
     adapter_ready(Loop(session))
     status = session.loop()
     if status not in (0, None):

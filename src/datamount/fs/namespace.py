@@ -277,6 +277,20 @@ class Namespace:
             raise _not_found(path)
         return attrs
 
+    def listed(self, path: str) -> dict[str, Attrs] | None:
+        """The complete cached listing of folder `path` (name -> attributes;
+        never changed once cached: do not change it either), or None when
+        there is none (not listed, expired, or too big to keep)."""
+        with self._lock:
+            hit, listing = self._listings.get(path.strip("/"))
+        return listing if hit and isinstance(listing, dict) else None
+
+    def peek(self, path: str) -> Attrs | None:
+        """The cached attributes of `path`, if any: no request, nothing listed."""
+        with self._lock:
+            hit, value = self._cached(path.strip("/"))
+        return value if hit and isinstance(value, Attrs) else None
+
     def _saw(self, rel: str, attrs: Attrs) -> None:
         """Record the version of `rel` just fetched; a different one than last
         time marks `rel` changed. Lock held."""

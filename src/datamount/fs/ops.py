@@ -111,9 +111,13 @@ class ReadOnlyFS:
     # Block mode with a disk tier: where the blocks of an object version are
     # cached, for the native FUSE loop to read them without Python (fs.lowlevel).
     cached_blocks: Callable[[ObjectId], CachedBlocks | None] | None = None
+    block_size = 0  # of those blocks: a file of at most this many bytes is one block
     # What the native FUSE loop served without calling in (fs.lowlevel): its
     # reads are added to `counters()`'s, the rest reported as they are.
     native_counters: Callable[[], dict[str, int]] | None = None
+    # Told the path of a file found stale (its version changed in storage):
+    # the native loop drops what it knows of it, so the next open asks again.
+    on_stale: Callable[[str], None] | None = None
 
     def __init__(
         self,
@@ -303,6 +307,15 @@ class ReadOnlyFS:
                 del self._versions[next(iter(self._versions))]
         return Opened(fh, keep)
 
+    def open_version(self, path: str, obj: ObjectId) -> int:
+        """Open `path` pinned to `obj` exactly, whatever the namespace says now:
+        the version the native loop opened the file as, read through Python
+        from the first block it cannot serve on. A version gone from storage
+        fails its reads with ESTALE, as any pinned handle does."""
+        attrs = self.namespace.peek(path)
+        mtime = attrs.mtime if attrs is not None and attrs.etag == obj.etag else 0.0
+        return self.add_file(OpenFile(path, self.reader.open(obj), obj, mtime))
+
     def kernel_attrs_stale(self, path: str) -> bool:
         """True (once) when the kernel may hold older attributes of `path` than
         the version its last open pinned (the namespace saw the version change):
@@ -353,6 +366,8 @@ class ReadOnlyFS:
 
     def _stale(self, file: OpenFile) -> None:
         self.namespace.invalidate(file.path)
+        if self.on_stale is not None:
+            self.on_stale(file.path)
         with self._lock:
             self._counts["stale_reads"] += 1
             obj = file.obj
@@ -394,6 +409,7 @@ class ReadOnlyFS:
             native = self.native_counters()
             counts["reads"] += native["native_reads"]
             counts["bytes_read"] += native["native_read_bytes"]
+            counts["opens"] += native["native_opens"]
             counts.update(native)
         return counts
 

@@ -338,7 +338,7 @@ def build(plan: MountPlan) -> Stack:
         if fs is None:
             fs = ReadOnlyFS(namespace, reader, store_id=location.store_root,
                             access=access_from(settings, writable=False))  # fmt: skip
-            fs.cached_blocks = reader.blocks_of
+            fs.cached_blocks, fs.block_size = reader.blocks_of, settings.read_block_size
         cleanup.callback(fs.close)
         ahead = file_ahead(reader, stats, namespace, location.store_root)
         if ahead is not None:
