@@ -97,11 +97,13 @@ posix: setup
 
 # The FUSE tests with the native loop built with AddressSanitizer (every Python
 # process preloads libasan; CPython's own leaks are not reported), then the plain
-# build back in place, whatever the result.
+# build back in place, whatever the result. Left out: the mount in a 360 MiB
+# memory cgroup (ASan's shadow memory and quarantine alone exceed it).
 asan: setup
 	DATAMOUNT_ASAN=1 $(BIN)/python setup.py -q build_ext --inplace --force
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 LD_PRELOAD=$$(gcc -print-file-name=libasan.so) \
-		$(BIN)/pytest -m fuse -q -p no:cacheprovider $(PYTEST_ARGS); status=$$?; \
+		$(BIN)/pytest -m fuse -q -p no:cacheprovider -k 'not small_memory_cgroup' \
+		$(PYTEST_ARGS); status=$$?; \
 	$(BIN)/python setup.py -q build_ext --inplace --force; exit $$status
 
 bench: setup bench-deps
