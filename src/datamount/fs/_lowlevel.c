@@ -1,19 +1,29 @@
 /* datamount.fs._lowlevel: libfuse3's low-level (inode) loop, outside the GIL.
  *
  * One job: run libfuse's multi-threaded session loop without the GIL, answer
- * from a native inode table what needs no decision (lookup, getattr and
- * forget of names the table knows, listings' inode numbers), and call the
- * Python side (fs.lowlevel.Ops) for everything else, with the GIL held only
- * for that call. Python stays the control plane: it decides every open (the
- * pinned version, keep_cache), every read, every listing.
+ * from a native inode table and the disk tier's block files what needs no
+ * decision, and call the Python side (fs.lowlevel.Ops) for everything else,
+ * with the GIL held only for that call. Python stays the control plane: it
+ * decides every miss, prefetch, listing and version pin; what it told the
+ * table (attributes, where a cached file's blocks are) is what the native
+ * side serves from.
  *
- * The inode table: one node per name the kernel was told of, numbered from 1
- * (the root) upwards and never reused or freed for the session's life, so an
- * inode number names one path for the mount's life. A node keeps its parent,
- * its name, its attributes as Python last gave them and when they expire
- * (never, with no attribute TTL), and the kernel's lookup count. Lookups by
- * (parent, name) go through a chained hash table. One rwlock guards it all;
- * it is never held across a call into Python.
+ * Served here: lookup, getattr and forget of names the table knows; reads of
+ * a file whose every block was in the disk tier when it was opened (each
+ * block file checked once per handle: header, identity, size, XXH3-64 of the
+ * data; then plain preads, and the next block files asked into the page
+ * cache ahead of a sequential reader); open and release of a one-block file
+ * whose block the table knows, with its block checked at the first read and
+ * a Python handle pinned to that same version opened on the first miss.
+ *
+ * The inode table: one node per name the kernel or a listing was told of,
+ * numbered from 1 (the root) upwards and never reused or freed for the
+ * session's life, so an inode number names one path for the mount's life. A
+ * node keeps its parent, its name, its attributes as Python last gave them
+ * and when they expire (never, with no attribute TTL), where its one cached
+ * block is, and the kernel's lookup count. Lookups by (parent, name) go
+ * through a chained hash table. One rwlock guards it all; it is never held
+ * across a call into Python or any file I/O.
  *
  * Calls into Python: a libfuse worker thread keeps one Python thread state
  * for its life (made at its first call, deleted when the thread ends), so a

@@ -3,11 +3,15 @@ in front of `fs.ops.ReadOnlyFS`.
 
 The native side runs libfuse's multi-threaded loop without the GIL and answers
 from its inode table what needs no decision: a lookup or getattr of a name it
-holds attributes of (from an earlier lookup or a listing), forget, and the
-inode numbers of listings. Everything else comes here, one call per request
-with the GIL held: `Ops` turns it into a ReadOnlyFS call and every failure
-into a negative errno through the funnel (`fs.funnel`). Why native and what
-each request costs: docs/design/ro_mount.md ("The native loop").
+holds attributes of (from an earlier lookup, a listing, or the whole folder
+a lookup listed), forget, the inode numbers of listings, reads of files the
+disk tier holds whole (their block files, checked), and open / release of
+one-block files the disk tier holds. Everything else comes here, one call
+per request with the GIL held: `Ops` turns it into a ReadOnlyFS call and
+every failure into a negative errno through the funnel (`fs.funnel`); its
+answers carry, for one-block cached files, where the block is
+(`CachedBlocks`). Why native and what each request costs:
+docs/design/ro_mount.md ("The native loop").
 
 Kernel-facing choices are those of `fs.fuse_adapter` (read-only, for the
 mounting user unless `fs.access` opens it, attribute / entry / negative
