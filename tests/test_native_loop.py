@@ -164,3 +164,27 @@ def test_a_native_open_whose_block_went_is_read_through_python_pinned_to_that_ve
     assert stats["fs"]["native_opens"] == len(files)
     assert stats["fs"]["native_reads"] == 0
     assert stats["cache"]["bytes_fetched"] == sum(map(len, files.values()))
+
+
+@pytest.mark.parametrize("ttl", [None, "1"], ids=["never expires", "1 ms TTL"])
+def test_a_folder_listed_again_is_served_by_the_kernel_when_listings_never_expire(
+    azurite, container, tmp_path: Path, mounts: Mounts, ttl: str | None
+) -> None:  # noqa: ANN001
+    tree = {f"ds/d/f{j}.bin": b"x" * j for j in range(30)}
+    azurite.seed(container, tree)
+    extra = {} if ttl is None else {"DATASET_MOUNT_ATTRIBUTE_CACHE_TTL": ttl}
+    env = env_for(azurite, tmp_path, container, **extra)
+    mp = mounts.point(tmp_path / "mnt")
+    names = sorted(k[5:] for k in tree)
+
+    def listings(times: int) -> int:  # the listing requests that reached the daemon
+        mount_ok(folder_spec(tmp_path), mp, env)
+        for _ in range(times):
+            assert sorted(os.listdir(mp / "d")) == names
+        return unmount_ok(mounts, mp, env)["fs"]["readdir_requests"]
+
+    once = listings(1)
+    assert once >= 1
+    # Never expiring, the kernel keeps the first listing (cache_readdir) and serves
+    # the next ones itself; with a TTL every listing reaches the daemon.
+    assert listings(3) == (once if ttl is None else 3 * once)

@@ -1337,6 +1337,12 @@ static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         return;
     }
     fi->fh = dh;
+    if (s->attr_ttl_ns == NEVER) {
+        /* listings never expire (the namespace keeps them as long): the kernel
+         * may keep the entries and serve the next listing of this folder itself */
+        fi->cache_readdir = 1;
+        fi->keep_cache = 1;
+    }
     if (fuse_reply_open(req, fi) == -ENOENT) {
         gil_enter();
         Py_XDECREF(call_ops(s, "releasedir", "(K)", dh));

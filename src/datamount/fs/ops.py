@@ -149,7 +149,8 @@ class ReadOnlyFS:
             "bytes_read": 0,
             "read_errors": 0,
             "stale_reads": 0,
-            "readdirs": 0,
+            "readdirs": 0,  # opendirs
+            "readdir_requests": 0,  # listing pages the kernel asked for
         }
 
     # -- hooks: what a filesystem that also writes (fs.writable) answers otherwise
@@ -268,6 +269,7 @@ class ReadOnlyFS:
         """Entries from `offset` on: (name, stat, next offset), '.' and '..' first."""
         with self._lock:
             stream = self._dirs.get(dh)
+            self._counts["readdir_requests"] += 1
         if stream is None:
             raise os_error(errno.EBADF)
         return stream.entries(offset)
