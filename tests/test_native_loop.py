@@ -66,10 +66,9 @@ def test_inode_numbers_are_one_per_path_and_listings_need_no_python_lookup(
     assert fs["inodes"] == 1 + 3 + 15
 
 
-def test_a_remount_reads_cached_files_without_python_and_exactly(
-    azurite, container, tmp_path: Path, mounts: Mounts
-) -> None:  # noqa: ANN001
-    files = {"ds/small.bin": rng.randbytes(BS - 3), "ds/big.bin": rng.randbytes(9 * BS + 11)}
+def cached_once(azurite, container, tmp_path: Path, mounts: Mounts, files: dict[str, bytes]):  # noqa: ANN001, ANN201
+    """Seed `files`, read each through a first mount until every block is in
+    the disk tier, unmount: (env, mount point, cache folder, that mount's stats)."""
     azurite.seed(container, files)
     env = env_for(azurite, tmp_path, container)
     cache = tmp_path / "cache"
@@ -79,7 +78,14 @@ def test_a_remount_reads_cached_files_without_python_and_exactly(
         assert read_direct(mp / key[3:]) == body
     n = sum(nblocks(len(body)) for body in files.values())
     assert wait_for(lambda: len(block_files(cache)) == n)
-    first = unmount_ok(mounts, mp, env)
+    return env, mp, cache, unmount_ok(mounts, mp, env)
+
+
+def test_a_remount_reads_cached_files_without_python_and_exactly(
+    azurite, container, tmp_path: Path, mounts: Mounts
+) -> None:  # noqa: ANN001
+    files = {"ds/small.bin": rng.randbytes(BS - 3), "ds/big.bin": rng.randbytes(9 * BS + 11)}
+    env, mp, _, first = cached_once(azurite, container, tmp_path, mounts, files)
     assert first["fs"]["native_reads"] == 0  # nothing was on disk at its open
 
     mount_ok(folder_spec(tmp_path), mp, env)
@@ -107,14 +113,7 @@ def test_a_bad_block_file_is_never_served_python_reads_the_block_again(
     azurite, container, tmp_path: Path, mounts: Mounts, damage: str
 ) -> None:  # noqa: ANN001
     body = rng.randbytes(3 * BS)
-    azurite.seed(container, {"ds/f.bin": body})
-    env = env_for(azurite, tmp_path, container)
-    cache = tmp_path / "cache"
-    mp = mounts.point(tmp_path / "mnt")
-    mount_ok(folder_spec(tmp_path), mp, env)
-    assert read_direct(mp / "f.bin") == body
-    assert wait_for(lambda: len(block_files(cache)) == 3)
-    unmount_ok(mounts, mp, env)
+    env, mp, cache, _ = cached_once(azurite, container, tmp_path, mounts, {"ds/f.bin": body})
 
     victim = max(block_files(cache), key=lambda p: p.read_bytes().find(body[BS : BS + 64]))
     raw = bytearray(victim.read_bytes())
@@ -142,15 +141,7 @@ def test_a_native_open_whose_block_went_is_read_through_python_pinned_to_that_ve
     azurite, container, tmp_path: Path, mounts: Mounts
 ) -> None:  # noqa: ANN001
     files = {f"ds/f{i}.bin": rng.randbytes(BS // 2 + i) for i in range(4)}
-    azurite.seed(container, files)
-    env = env_for(azurite, tmp_path, container)
-    cache = tmp_path / "cache"
-    mp = mounts.point(tmp_path / "mnt")
-    mount_ok(folder_spec(tmp_path), mp, env)
-    for key, body in files.items():
-        assert read_direct(mp / key[3:]) == body
-    assert wait_for(lambda: len(block_files(cache)) == len(files))
-    unmount_ok(mounts, mp, env)
+    env, mp, cache, _ = cached_once(azurite, container, tmp_path, mounts, files)
 
     mount_ok(folder_spec(tmp_path), mp, env)
     assert sorted(os.listdir(mp)) == sorted(k[3:] for k in files)  # the table knows them all

@@ -278,7 +278,6 @@ struct blocks {
     pthread_mutex_t lock;
     struct slot slots[SLOTS];
     unsigned next;    /* the slot the next verified file takes */
-    uint64_t last_end;    /* where the last read ended: the next starting there is sequential */
     uint64_t ahead_until; /* block files below this index were asked into the page cache */
 };
 
@@ -460,17 +459,16 @@ bad:
     return -1;
 }
 
-/* A sequential reader at block `index`: ask the kernel to read the next AHEAD
- * block files into the page cache (the disk works while the reader copies),
- * as Python's prefetch window would have fetched them from the disk tier. */
-static void blocks_ahead(struct blocks *b, uint64_t index, uint64_t off)
+/* A reader that reached block `index` for the first time, with the block
+ * before it read (it holds a slot): a sequential reader. Ask the kernel to
+ * read the next AHEAD block files into the page cache (the disk works while
+ * the reader copies), as Python's prefetch window would have fetched them
+ * from the disk tier. */
+static void blocks_ahead(struct blocks *b, uint64_t index)
 {
     uint64_t from, to = index + 1 + AHEAD;
+    int sequential = 0;
     pthread_mutex_lock(&b->lock);
-    /* the block before was read (it holds a slot), or this read starts where
-     * the last ended (several reads of the kernel's readahead are in flight
-     * at once, so that alone misses some) */
-    int sequential = off != 0 && off == b->last_end;
     for (unsigned i = 0; i < SLOTS && !sequential && index > 0; i++)
         sequential = b->slots[i].fd >= 0 && b->slots[i].index == index - 1;
     from = b->ahead_until > index + 1 ? b->ahead_until : index + 1;
@@ -498,8 +496,6 @@ static ssize_t blocks_read(struct blocks *b, char *buf, size_t size, uint64_t of
         return 0;
     if (size > b->size - off)
         size = (size_t)(b->size - off);
-    if (b->count > 1)
-        blocks_ahead(b, off / b->block_size, off);
     size_t done = 0;
     char *scratch = NULL;
     while (done < size) {
@@ -521,6 +517,8 @@ static ssize_t blocks_read(struct blocks *b, char *buf, size_t size, uint64_t of
         }
         pthread_mutex_unlock(&b->lock);
         if (fd < 0) {
+            if (b->count > 1)
+                blocks_ahead(b, index);
             /* checked whole: straight into the reply when it takes the whole
              * block (a small file read at once), else through a scratch buffer */
             uint64_t expected =
@@ -561,9 +559,6 @@ static ssize_t blocks_read(struct blocks *b, char *buf, size_t size, uint64_t of
         done += want;
     }
     free(scratch);
-    pthread_mutex_lock(&b->lock);
-    b->last_end = off + done;
-    pthread_mutex_unlock(&b->lock);
     return (ssize_t)done;
 }
 
@@ -804,6 +799,16 @@ static char *ino_path(Session *s, fuse_ino_t ino, size_t *len, int *err)
     pthread_rwlock_unlock(&s->table.lock);
     if (!path)
         *err = known ? ENOMEM : ENOENT;
+    return path;
+}
+
+/* the path of `ino`, or NULL with the request answered (ENOENT, ENOMEM) */
+static char *path_or_reply(fuse_req_t req, Session *s, fuse_ino_t ino, size_t *len)
+{
+    int err = 0;
+    char *path = ino_path(s, ino, len, &err);
+    if (!path)
+        fuse_reply_err(req, err);
     return path;
 }
 
@@ -1053,11 +1058,9 @@ static void ll_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 
     int err = 0;
     size_t len;
-    char *path = ino_path(s, ino, &len, &err);
-    if (!path) {
-        fuse_reply_err(req, err);
+    char *path = path_or_reply(req, s, ino, &len);
+    if (!path)
         return;
-    }
     struct attrs a = {0};
     err = call_attrs(s, "getattr", path, len, &a);
     free(path);
@@ -1314,11 +1317,9 @@ static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     Session *s = fuse_req_userdata(req);
     int err = 0;
     size_t len;
-    char *path = ino_path(s, ino, &len, &err);
-    if (!path) {
-        fuse_reply_err(req, err);
+    char *path = path_or_reply(req, s, ino, &len);
+    if (!path)
         return;
-    }
     unsigned long long dh = 0;
     gil_enter();
     PyObject *r = call_path(s, "opendir", path, len, NULL, &err);
@@ -1481,11 +1482,9 @@ static void ll_access(fuse_req_t req, fuse_ino_t ino, int mask)
     Session *s = fuse_req_userdata(req);
     int err = 0;
     size_t len;
-    char *path = ino_path(s, ino, &len, &err);
-    if (!path) {
-        fuse_reply_err(req, err);
+    char *path = path_or_reply(req, s, ino, &len);
+    if (!path)
         return;
-    }
     gil_enter();
     Py_XDECREF(call_path(s, "access", path, len, &mask, &err));
     gil_leave();

@@ -99,14 +99,15 @@ class Ops:
         self._dirs: dict[int, str] = {}  # open directory handle -> its path
         self._told: set[str] = set()  # folders whose whole listing the native table has
 
-    def _entry(self, path: str, attrs: Attrs) -> Entry:
-        """The native table's entry for `path`: its stat and, for a one-block
-        file the disk tier holds, where that block is."""
+    def _entry(self, attrs: Attrs, st: Stat | None = None) -> Entry:
+        """The native table's entry of a name: its stat (`st`, or made from
+        `attrs`) and, for a one-block file the disk tier holds, where that
+        block is."""
         cached = None
         fs = self.fs
         if not attrs.is_dir and attrs.size <= fs.block_size and fs.cached_blocks is not None:
             cached = fs.cached_blocks(ObjectId(fs.store_id, attrs.key, attrs.etag, attrs.size))
-        return (*_stat(fs.stat_dict(attrs)), cached)
+        return (*(st or _stat(fs.stat_dict(attrs))), cached)
 
     def _siblings(self, path: str) -> list[tuple[bytes, Entry, int]] | None:
         """The other entries of `path`'s folder, once, when its listing is
@@ -122,8 +123,7 @@ class Ops:
             if folder in self._told:
                 return None
             self._told.add(folder)
-        join = (folder.rstrip("/") + "/").__add__
-        return [(os.fsencode(name), self._entry(join(name), a), 0) for name, a in listing.items()]
+        return [(os.fsencode(name), self._entry(a), 0) for name, a in listing.items()]
 
     def init(self, major: int, minor: int, readahead: int, max_write: int, max_read: int,
              capable: int, want: int, threads: int) -> None:  # fmt: skip
@@ -138,12 +138,12 @@ class Ops:
     def lookup(self, path: str) -> tuple[Entry, list[tuple[bytes, Entry, int]] | None]:
         """(the entry of `path`, its folder's other entries or None)."""
         self.fs.count(getattrs=1)
-        return self._entry(path, self.fs.lookup(path)), self._siblings(path)
+        return self._entry(self.fs.lookup(path)), self._siblings(path)
 
     @_answer
     def getattr(self, path: str) -> Entry:
         self.fs.count(getattrs=1)
-        return self._entry(path, self.fs.lookup(path))
+        return self._entry(self.fs.lookup(path))
 
     @_answer
     def access(self, path: str, mask: int) -> int:
@@ -212,7 +212,7 @@ class Ops:
             if size < 0:
                 break
             attrs = None if name in (".", "..") else self.fs.namespace.peek(join(name))
-            entry = _stat(st) if attrs is None else self._entry(join(name), attrs)
+            entry = _stat(st) if attrs is None else self._entry(attrs, _stat(st))
             out.append((encoded, entry, next_offset))
         return out
 
