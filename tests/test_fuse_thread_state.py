@@ -1,10 +1,10 @@
-"""libfuse's worker threads keep their Python thread state from one callback to
-the next (fs/fuse_adapter.py `_keep_thread_state`): a real FUSE mount of the
-adapter, served by fuse_adapter.run in the main thread of its own process as the
-daemon does, stats 150 names; a threading.local value a callback leaves on its
-worker thread is there at that thread's next callback. Without the kept state
-ctypes makes a new thread state for every callback (and deletes it on return),
-and the value would be found by none."""
+"""libfuse's worker threads keep their Python thread state from one call to
+the next (fs/_lowlevel.c `gil_enter`): a real FUSE mount of the native loop,
+served by lowlevel.run in the main thread of its own process as the daemon
+does, stats 150 names; a threading.local value a call leaves on its worker
+thread is there at that thread's next call. Without the kept state each call
+would make a new thread state (and delete it on return), and the value would
+be found by none."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.fuse
 SERVE = textwrap.dedent(
     """
     import json, os, subprocess, sys, threading
-    from datamount.fs import fuse_adapter
+    from datamount.fs import lowlevel
     from datamount.fs.namespace import Namespace
     from datamount.fs.ops import ReadOnlyFS
     from datamount.read.reader import DirectReader
@@ -33,15 +33,15 @@ SERVE = textwrap.dedent(
     local = threading.local()
     seen = {}  # worker thread -> [callbacks, callbacks that found the thread's mark]
 
-    class Probe(fuse_adapter.Adapter):
-        def getattr(self, path, fh=None):
+    class Probe(lowlevel.Ops):
+        def lookup(self, path):
             count = seen.setdefault(threading.get_ident(), [0, 0])
             count[0] += 1
             count[1] += getattr(local, "mark", False)
             local.mark = True
-            return super().getattr(path, fh)
+            return super().lookup(path)
 
-    fuse_adapter.Adapter = Probe
+    lowlevel.Ops = Probe
     store = MemoryStore({f"ds/f{i}": b"x" * i for i in range(50)})
     fs = ReadOnlyFS(Namespace(store, "ds", ttl=0.0), DirectReader(store), store_id="mem")
     ready = threading.Event()
@@ -56,7 +56,7 @@ SERVE = textwrap.dedent(
             subprocess.run(["fusermount3", "-u", mp], check=False)
 
     threading.Thread(target=stat_all, daemon=True).start()
-    fuse_adapter.run(fs, mp, ttl_seconds=0.0, fsname="probe",
+    lowlevel.run(fs, mp, ttl_seconds=0.0, fsname="probe",
                      max_threads=2, on_ready=ready.set)
     print(json.dumps(list(seen.values())))
     """

@@ -94,4 +94,4 @@ print(json.dumps(sorted(sys.modules)))
     assert "datamount.fs.ops" in loaded and "datamount.read.wholefile" in loaded
     assert [m for m in loaded if m.startswith("datamount.write")] == []
     assert "datamount.fs.writable" not in loaded and "datamount.fs.staged" not in loaded
-    assert "mfusepy" not in loaded  # only fs/fuse_adapter imports it
+    assert "datamount.fs._lowlevel" not in loaded  # only fs.lowlevel loads libfuse

@@ -146,3 +146,40 @@ def test_refused_links_and_special_files_log_one_warning_each(
     log = runtime_log(mounts).splitlines()
     warnings = [line for line in log if " WARNING " in line and "refusals at DEBUG" in line]
     assert len(warnings) == 2, warnings  # symlink EPERM and mknod EOPNOTSUPP, once each
+
+
+RENAME_NOREPLACE = 1  # <linux/fs.h>
+
+
+def renameat2(old: Path, new: Path, flags: int) -> int:
+    """renameat2(2) through libc (Python has no binding): 0 or the errno."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd = -100
+    done = libc.renameat2(at_fdcwd, os.fsencode(old), at_fdcwd, os.fsencode(new), flags)
+    return 0 if done == 0 else ctypes.get_errno()
+
+
+def test_inode_numbers_follow_names_and_the_native_loop_serves_writes(
+    rw: Path, azure_store: ObjectStore, mounts: Mounts
+) -> None:
+    """rw_mount runs on the native loop: an inode number names one file while
+    it is renamed, a new name gets a new number, an open file unlinked never
+    shows its hidden name, and renameat2's flags are refused (a rename is copy
+    + delete: it cannot promise no-replace or exchange)."""
+    (rw / "a.txt").write_bytes(b"a")
+    ino = os.stat(rw / "a.txt").st_ino
+    os.rename(rw / "a.txt", rw / "b.txt")
+    assert os.stat(rw / "b.txt").st_ino == ino
+    (rw / "c.txt").write_bytes(b"c")
+    assert os.stat(rw / "c.txt").st_ino not in (ino, os.stat(rw / "keep.txt").st_ino)
+    with open(rw / "b.txt", "rb") as f:
+        os.unlink(rw / "b.txt")
+        assert sorted(os.listdir(rw)) == ["c.txt", "ckpt.bin", "keep.txt"]
+        assert os.fstat(f.fileno()).st_ino == ino
+        assert f.read() == b"a"
+    assert renameat2(rw / "c.txt", rw / "d.txt", RENAME_NOREPLACE) == errno.EINVAL
+    assert sorted(os.listdir(rw)) == ["c.txt", "ckpt.bin", "keep.txt"]
+    assert keys(azure_store) == ["out/c.txt", "out/ckpt.bin", "out/keep.txt"]
+    assert "FUSE init (native loop" in runtime_log(mounts)

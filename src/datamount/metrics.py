@@ -8,7 +8,7 @@ time, so the hot path counts once, not twice. Only two things are observed
 per request, and only while an endpoint is on: `StorageRequests` (a
 response hook of the raw Azure client: requests by operation and status)
 the `datamount_storage_request_seconds` histogram (MountStats.on_read) and
-the `datamount_fuse_operation_seconds` histogram (fs.fuse_adapter's funnel).
+the `datamount_fuse_operation_seconds` histogram (fs.lowlevel's funnel).
 With metrics off none of this module is even imported.
 
 Threads: prometheus-client's HTTP server thread (scrapes call the snapshot

@@ -6,8 +6,7 @@ line and an exit code.
 
 It reads os.environ for the commands; below it only the library entry points
 that are their own composition roots do (the fsspec protocol and
-`mltable.load`, for the workspace), and fs/fuse_adapter sets libfuse's
-FUSE_LIBRARY_NAME before mfusepy loads. It prints to the user; the mount
+`mltable.load`, for the workspace). It prints to the user; the mount
 daemon (mount.serve) prints only to the runtime log its stdio goes to.
 
 Start-up time is part of every transfer's wall time, so each command's body

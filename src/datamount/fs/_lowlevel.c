@@ -25,6 +25,15 @@
  * through a chained hash table. One rwlock guards it all; it is never held
  * across a call into Python or any file I/O.
  *
+ * rw_mount (`writable`): the table serves no attributes and no block files
+ * (writes change what a name holds behind it), and the writes, names and
+ * setattr go to Python. An open file that is unlinked or renamed over takes
+ * a hidden name in its folder first, as libfuse's high-level API does
+ * without hard_remove (Python takes that rename as the unlink it is, and the
+ * hidden name is unlinked at the last release); `names` makes each change of
+ * names one step. A rename moves the node with its name; a name that goes
+ * leaves its node detached (no path), still known by number.
+ *
  * Calls into Python: a libfuse worker thread keeps one Python thread state
  * for its life (made at its first call, deleted when the thread ends), so a
  * call costs taking and giving back the GIL, not a new thread state. Python
@@ -85,6 +94,9 @@ struct node {
     gid_t gid;
     struct blocks *desc; /* a one-block file whose block is in the disk tier: opened natively */
     int kernel_has;      /* a native open of `desc`'s version happened: keep_cache */
+    int open_count;      /* open handles (atomic): an unlinked open file is hidden */
+    int hidden;          /* renamed to a hidden name while open; unlinked at its last release */
+    int detached;        /* its name is gone (unlinked, renamed over): no path */
 };
 
 struct table {
@@ -135,6 +147,8 @@ static int table_rehash(struct table *t)
         return -ENOMEM;
     for (fuse_ino_t ino = 2; ino <= t->count; ino++) {
         struct node *n = t->nodes[ino];
+        if (n->detached)
+            continue;
         size_t b = hash_name(n->parent, n->name, n->name_len) & (n_buckets - 1);
         n->next = buckets[b];
         buckets[b] = ino;
@@ -220,20 +234,79 @@ static void table_free(struct table *t)
     pthread_rwlock_destroy(&t->lock);
 }
 
-/* lock held: "/a/b" of `ino` in a new buffer (the root is "/"); NULL when
- * out of memory or `ino` is not in the table */
-static char *table_path(struct table *t, fuse_ino_t ino, size_t *out_len)
+/* write lock held: take `ino` out of its hash chain */
+static void table_unchain(struct table *t, fuse_ino_t ino)
 {
-    if (ino == 0 || ino > t->count)
+    struct node *n = t->nodes[ino];
+    fuse_ino_t *at = &t->buckets[hash_name(n->parent, n->name, n->name_len) & (t->n_buckets - 1)];
+    while (*at && *at != ino)
+        at = &t->nodes[*at]->next;
+    if (*at)
+        *at = n->next;
+    n->next = 0;
+}
+
+/* write lock held: `ino`'s name is gone; the node stays (the kernel and open
+ * handles may still name it by number), with no path */
+static void table_detach(struct table *t, fuse_ino_t ino)
+{
+    if (ino <= FUSE_ROOT_ID || ino > t->count || t->nodes[ino]->detached)
+        return;
+    table_unchain(t, ino);
+    t->nodes[ino]->detached = 1;
+}
+
+/* write lock held: `ino` is now `name` in `parent` (whatever was there is
+ * detached first); 0 or -ENOMEM */
+static int table_move(struct table *t, fuse_ino_t ino, fuse_ino_t parent, const char *name,
+                      size_t len)
+{
+    char *copy = malloc(len + 1);
+    if (!copy)
+        return -ENOMEM;
+    memcpy(copy, name, len);
+    copy[len] = '\0';
+    fuse_ino_t there = table_find(t, parent, name, len);
+    if (there && there != ino)
+        table_detach(t, there);
+    struct node *n = t->nodes[ino];
+    if (!n->detached)
+        table_unchain(t, ino);
+    free(n->name);
+    n->name = copy;
+    n->name_len = len;
+    n->parent = parent;
+    n->detached = 0;
+    size_t b = hash_name(parent, name, len) & (t->n_buckets - 1);
+    n->next = t->buckets[b];
+    t->buckets[b] = ino;
+    return 0;
+}
+
+/* lock held: "/a/b" of `ino` in a new buffer (the root is "/"); NULL with
+ * *err set: ENOENT when `ino` is not in the table or has no name now,
+ * ENOMEM */
+static char *table_path(struct table *t, fuse_ino_t ino, size_t *out_len, int *err)
+{
+    if (ino == 0 || ino > t->count) {
+        *err = ENOENT;
         return NULL;
+    }
     size_t len = 0;
-    for (fuse_ino_t i = ino; i != FUSE_ROOT_ID; i = t->nodes[i]->parent)
+    for (fuse_ino_t i = ino; i != FUSE_ROOT_ID; i = t->nodes[i]->parent) {
+        if (t->nodes[i]->detached) {
+            *err = ENOENT;
+            return NULL;
+        }
         len += t->nodes[i]->name_len + 1;
+    }
     if (len == 0)
         len = 1;
     char *path = malloc(len + 1);
-    if (!path)
+    if (!path) {
+        *err = ENOMEM;
         return NULL;
+    }
     path[len] = '\0';
     path[0] = '/';
     size_t end = len;
@@ -572,6 +645,9 @@ typedef struct {
     double timeout;       /* entry / attr / negative timeouts for the kernel, s */
     int64_t attr_ttl_ns;  /* how long the table serves attributes; NEVER */
     unsigned max_threads;
+    int writable;         /* rw_mount: no attributes served from the table; writes served */
+    pthread_mutex_t names; /* one change of names at a time: unlink, rename, hidden files */
+    unsigned hidden_seq;  /* the last hidden name's number */
     int mounted;
     pthread_t loop_thread;
     int looping;
@@ -794,11 +870,8 @@ static int node_fresh(const struct node *n)
 static char *ino_path(Session *s, fuse_ino_t ino, size_t *len, int *err)
 {
     pthread_rwlock_rdlock(&s->table.lock);
-    char *path = table_path(&s->table, ino, len);
-    int known = ino >= 1 && ino <= s->table.count;
+    char *path = table_path(&s->table, ino, len, err);
     pthread_rwlock_unlock(&s->table.lock);
-    if (!path)
-        *err = known ? ENOMEM : ENOENT;
     return path;
 }
 
@@ -833,6 +906,17 @@ static char *child_path(Session *s, fuse_ino_t parent, const char *name, size_t 
     memcpy(path + at + 1, name, name_len + 1);
     *len = at + 1 + name_len;
     free(dir);
+    return path;
+}
+
+/* the path of `name` in `parent`, or NULL with the request answered */
+static char *child_or_reply(fuse_req_t req, Session *s, fuse_ino_t parent, const char *name,
+                            size_t *len)
+{
+    int err = 0;
+    char *path = child_path(s, parent, name, len, &err);
+    if (!path)
+        fuse_reply_err(req, err);
     return path;
 }
 
@@ -921,6 +1005,40 @@ static void table_add_entries(Session *s, fuse_ino_t parent, struct dirent_in *e
     }
 }
 
+/* write lock held: `name` in `parent` with attributes `a` (taken), and one
+ * more kernel reference: the kernel's entry in *e; 0 or ENOMEM */
+static int table_enter(Session *s, fuse_ino_t parent, const char *name, struct attrs *a,
+                       struct fuse_entry_param *e, fuse_ino_t *out)
+{
+    fuse_ino_t ino = table_get_or_add(&s->table, parent, name, strlen(name));
+    if (!ino) {
+        attrs_drop(a);
+        return ENOMEM;
+    }
+    struct node *n = s->table.nodes[ino];
+    node_set_attrs(s, n, a);
+    fill_entry(s, ino, n, e);
+    __atomic_add_fetch(&n->nlookup, 1, __ATOMIC_RELAXED);
+    if (out)
+        *out = ino;
+    return 0;
+}
+
+/* `name` in `parent` into the table with attributes `a` (taken), and its
+ * entry to the kernel */
+static void reply_entered(fuse_req_t req, Session *s, fuse_ino_t parent, const char *name,
+                          struct attrs *a)
+{
+    struct fuse_entry_param e;
+    pthread_rwlock_wrlock(&s->table.lock);
+    int err = table_enter(s, parent, name, a, &e, NULL);
+    pthread_rwlock_unlock(&s->table.lock);
+    if (err)
+        fuse_reply_err(req, err);
+    else
+        fuse_reply_entry(req, &e);
+}
+
 /* -- the operations ------------------------------------------------------- */
 
 static void ll_init(void *userdata, struct fuse_conn_info *conn)
@@ -958,11 +1076,9 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 
     int err = 0;
     size_t len;
-    char *path = child_path(s, parent, name, &len, &err);
-    if (!path) {
-        fuse_reply_err(req, err);
+    char *path = child_or_reply(req, s, parent, name, &len);
+    if (!path)
         return;
-    }
     /* (attributes, the parent's other entries when its listing is newly
      * complete, or None): one lookup in a folder fills the table for all */
     struct attrs a = {0};
@@ -1002,20 +1118,7 @@ static void ll_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         fuse_reply_err(req, err);
         return;
     }
-    pthread_rwlock_wrlock(&s->table.lock);
-    ino = table_get_or_add(&s->table, parent, name, name_len);
-    if (!ino) {
-        pthread_rwlock_unlock(&s->table.lock);
-        attrs_drop(&a);
-        fuse_reply_err(req, ENOMEM);
-        return;
-    }
-    struct node *n = s->table.nodes[ino];
-    node_set_attrs(s, n, &a);
-    fill_entry(s, ino, n, &e);
-    __atomic_add_fetch(&n->nlookup, 1, __ATOMIC_RELAXED);
-    pthread_rwlock_unlock(&s->table.lock);
-    fuse_reply_entry(req, &e);
+    reply_entered(req, s, parent, name, &a);
 }
 
 static void forget_one(Session *s, fuse_ino_t ino, uint64_t nlookup)
@@ -1183,6 +1286,62 @@ static int python_handle(Session *s, struct open_file *of)
     return err;
 }
 
+static void node_opened(Session *s, fuse_ino_t ino)
+{
+    pthread_rwlock_rdlock(&s->table.lock);
+    if (ino >= 1 && ino <= s->table.count)
+        __atomic_add_fetch(&s->table.nodes[ino]->open_count, 1, __ATOMIC_RELAXED);
+    pthread_rwlock_unlock(&s->table.lock);
+}
+
+/* The end of an open file: Python's handle released, and, when it was the
+ * last handle of a hidden file (unlinked while open), the hidden name
+ * unlinked; the errno of the release. */
+static int close_file(Session *s, struct open_file *of)
+{
+    int err = 0;
+    if (of->py_fh) {
+        gil_enter();
+        PyObject *r = call_ops(s, "release", "(K)", of->py_fh);
+        err = answer_errno(r);
+        Py_XDECREF(r);
+        gil_leave();
+    }
+    fuse_ino_t ino = of->ino;
+    open_file_free(of);
+    pthread_rwlock_rdlock(&s->table.lock);
+    int last_hidden = 0;
+    if (ino >= 1 && ino <= s->table.count) {
+        struct node *n = s->table.nodes[ino];
+        last_hidden = __atomic_sub_fetch(&n->open_count, 1, __ATOMIC_RELAXED) == 0 && n->hidden;
+    }
+    pthread_rwlock_unlock(&s->table.lock);
+    if (!last_hidden)
+        return err;
+    pthread_mutex_lock(&s->names); /* (an open by number may have come in between) */
+    pthread_rwlock_rdlock(&s->table.lock);
+    struct node *n = s->table.nodes[ino];
+    last_hidden = n->hidden && __atomic_load_n(&n->open_count, __ATOMIC_RELAXED) == 0;
+    pthread_rwlock_unlock(&s->table.lock);
+    if (last_hidden) {
+        int gone = 0;
+        size_t len;
+        char *path = ino_path(s, ino, &len, &gone);
+        if (path) {
+            gil_enter();
+            Py_XDECREF(call_path(s, "unlink", path, len, NULL, &gone));
+            gil_leave();
+            free(path);
+        }
+        pthread_rwlock_wrlock(&s->table.lock);
+        s->table.nodes[ino]->hidden = 0;
+        table_detach(&s->table, ino);
+        pthread_rwlock_unlock(&s->table.lock);
+    }
+    pthread_mutex_unlock(&s->names);
+    return err;
+}
+
 static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     Session *s = fuse_req_userdata(req);
@@ -1215,18 +1374,12 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
             return;
         }
     }
+    node_opened(s, ino);
     fi->fh = (uint64_t)(uintptr_t)of;
     fi->keep_cache = keep ? 1 : 0;
     fi->direct_io = 0;
-    if (fuse_reply_open(req, fi) == -ENOENT) {
-        /* the opener was interrupted: no release will come */
-        if (of->py_fh) {
-            gil_enter();
-            Py_XDECREF(call_ops(s, "release", "(K)", of->py_fh));
-            gil_leave();
-        }
-        open_file_free(of);
-    }
+    if (fuse_reply_open(req, fi) == -ENOENT)
+        close_file(s, of); /* the opener was interrupted: no release will come */
 }
 
 static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -1297,19 +1450,8 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 
 static void ll_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    Session *s = fuse_req_userdata(req);
-    struct open_file *of = (struct open_file *)(uintptr_t)fi->fh;
-    int err = 0;
     (void)ino;
-    if (of->py_fh) {
-        gil_enter();
-        PyObject *r = call_ops(s, "release", "(K)", of->py_fh);
-        err = answer_errno(r);
-        Py_XDECREF(r);
-        gil_leave();
-    }
-    open_file_free(of);
-    fuse_reply_err(req, err);
+    fuse_reply_err(req, close_file(fuse_req_userdata(req), (struct open_file *)(uintptr_t)fi->fh));
 }
 
 static void ll_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -1492,6 +1634,418 @@ static void ll_access(fuse_req_t req, fuse_ino_t ino, int mask)
     fuse_reply_err(req, err);
 }
 
+/* -- names and writes (rw_mount; on a read-only mount the kernel refuses
+ * writes itself, and Python answers EROFS to the rest) --------------------- */
+
+/* GIL held: `path` as a str in the filesystem encoding (surrogateescape); a
+ * new reference, or NULL with the error reported */
+static PyObject *py_fspath(Session *s, const char *path, size_t len)
+{
+    PyObject *p = PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)len);
+    if (!p)
+        PyErr_WriteUnraisable(s->ops);
+    return p;
+}
+
+/* ops.<method>(path of `name` in `parent`, arg) making that name: the kernel
+ * gets its entry (mkdir, mknod; link and symlink, which Python refuses) */
+static void new_entry(fuse_req_t req, fuse_ino_t parent, const char *name, const char *method,
+                      unsigned arg)
+{
+    Session *s = fuse_req_userdata(req);
+    int err = 0;
+    size_t len;
+    char *path = child_or_reply(req, s, parent, name, &len);
+    if (!path)
+        return;
+    struct attrs a = {0};
+    gil_enter();
+    PyObject *p = py_fspath(s, path, len);
+    PyObject *r = p ? call_ops(s, method, "(OI)", p, arg) : NULL;
+    err = answer_errno(r);
+    if (!err && parse_attrs(r, &a) != 0)
+        err = EIO;
+    Py_XDECREF(r);
+    Py_XDECREF(p);
+    gil_leave();
+    free(path);
+    if (err)
+        fuse_reply_err(req, err);
+    else
+        reply_entered(req, s, parent, name, &a);
+}
+
+static void ll_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+    new_entry(req, parent, name, "mkdir", (unsigned)mode);
+}
+
+static void ll_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+                     dev_t rdev)
+{
+    (void)rdev;
+    new_entry(req, parent, name, "mknod", (unsigned)mode);
+}
+
+static void ll_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+    (void)link;
+    new_entry(req, parent, name, "symlink", 0);
+}
+
+static void ll_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+    (void)ino;
+    new_entry(req, newparent, newname, "link", 0);
+}
+
+static void ll_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+    (void)ino;
+    fuse_reply_err(req, EINVAL); /* a blob namespace has no symbolic links */
+}
+
+static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+                      struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    int err = 0;
+    size_t len;
+    char *path = child_path(s, parent, name, &len, &err);
+    struct open_file *of = path ? calloc(1, sizeof(*of)) : NULL;
+    if (!of) {
+        free(path);
+        fuse_reply_err(req, path ? ENOMEM : err);
+        return;
+    }
+    pthread_mutex_init(&of->lock, NULL);
+    of->flags = fi->flags;
+    struct attrs a = {0};
+    unsigned long long fh = 0;
+    int opened = 0;
+    gil_enter();
+    PyObject *p = py_fspath(s, path, len);
+    PyObject *r = p ? call_ops(s, "create", "(OIi)", p, (unsigned)mode, fi->flags) : NULL;
+    err = answer_errno(r);
+    if (!err) {
+        /* (fh, the new file's attributes) */
+        PyObject *attrs;
+        if (!PyTuple_Check(r) || !PyArg_ParseTuple(r, "KO", &fh, &attrs)) {
+            PyErr_Clear();
+            err = EIO;
+        } else {
+            opened = 1;
+            if (parse_attrs(attrs, &a) != 0)
+                err = EIO;
+        }
+    }
+    if (err && opened) /* made, but the answer is unusable: give the handle back */
+        Py_XDECREF(call_ops(s, "release", "(K)", fh));
+    Py_XDECREF(r);
+    Py_XDECREF(p);
+    gil_leave();
+    free(path);
+    struct fuse_entry_param e;
+    if (!err) {
+        pthread_rwlock_wrlock(&s->table.lock);
+        err = table_enter(s, parent, name, &a, &e, &of->ino);
+        pthread_rwlock_unlock(&s->table.lock);
+        if (err) { /* no node: give the handle back */
+            gil_enter();
+            Py_XDECREF(call_ops(s, "release", "(K)", fh));
+            gil_leave();
+        }
+    }
+    if (err) {
+        attrs_drop(&a);
+        open_file_free(of);
+        fuse_reply_err(req, err);
+        return;
+    }
+    of->py_fh = fh;
+    node_opened(s, of->ino);
+    fi->fh = (uint64_t)(uintptr_t)of;
+    fi->keep_cache = 0;
+    fi->direct_io = 0;
+    if (fuse_reply_create(req, &e, fi) == -ENOENT) { /* interrupted: no release, no forget */
+        forget_one(s, of->ino, 1);
+        close_file(s, of);
+    }
+}
+
+static void ll_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+                     struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    struct open_file *of = (struct open_file *)(uintptr_t)fi->fh;
+    (void)ino;
+    int err = of->py_fh ? 0 : python_handle(s, of);
+    if (err) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    long long done = -EIO;
+    gil_enter();
+    PyObject *r = call_ops(s, "write", "(Ky#L)", of->py_fh, buf, (Py_ssize_t)size,
+                           (long long)off);
+    if (r && PyLong_Check(r)) {
+        done = PyLong_AsLongLong(r);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            done = -EIO;
+        }
+    }
+    Py_XDECREF(r);
+    gil_leave();
+    if (done < 0)
+        fuse_reply_err(req, done > -4096 ? (int)-done : EIO);
+    else if ((unsigned long long)done > size)
+        fuse_reply_err(req, EIO); /* more than was written: a bug, never told */
+    else
+        fuse_reply_write(req, (size_t)done);
+}
+
+/* ops.<method>(fh) of an open file with a Python handle (else nothing to do) */
+static void handle_call(fuse_req_t req, struct fuse_file_info *fi, const char *method)
+{
+    Session *s = fuse_req_userdata(req);
+    struct open_file *of = (struct open_file *)(uintptr_t)fi->fh;
+    int err = 0;
+    if (of->py_fh) {
+        gil_enter();
+        PyObject *r = call_ops(s, method, "(K)", of->py_fh);
+        err = answer_errno(r);
+        Py_XDECREF(r);
+        gil_leave();
+    }
+    fuse_reply_err(req, err);
+}
+
+static void ll_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)ino;
+    handle_call(req, fi, "flush");
+}
+
+static void ll_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+    (void)ino;
+    (void)datasync;
+    handle_call(req, fi, "fsync");
+}
+
+static void ll_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                       struct fuse_file_info *fi)
+{
+    Session *s = fuse_req_userdata(req);
+    size_t len;
+    char *path = path_or_reply(req, s, ino, &len);
+    if (!path)
+        return;
+    struct open_file *of = fi ? (struct open_file *)(uintptr_t)fi->fh : NULL;
+    struct attrs a = {0};
+    gil_enter();
+    PyObject *p = py_fspath(s, path, len);
+    /* (path, fh or 0, which of FUSE_SET_ATTR_*, mode, uid, gid, size): the attributes after */
+    PyObject *r = p ? call_ops(s, "setattr", "(OKiIIIL)", p, of ? of->py_fh : 0ULL, to_set,
+                               (unsigned)attr->st_mode, (unsigned)attr->st_uid,
+                               (unsigned)attr->st_gid, (long long)attr->st_size)
+                    : NULL;
+    int err = answer_errno(r);
+    if (!err && parse_attrs(r, &a) != 0)
+        err = EIO;
+    Py_XDECREF(r);
+    Py_XDECREF(p);
+    gil_leave();
+    free(path);
+    if (err) {
+        fuse_reply_err(req, err);
+        return;
+    }
+    struct stat st;
+    pthread_rwlock_wrlock(&s->table.lock);
+    struct node *n = s->table.nodes[ino];
+    node_set_attrs(s, n, &a);
+    node_stat(ino, n, &st);
+    pthread_rwlock_unlock(&s->table.lock);
+    fuse_reply_attr(req, &st, s->timeout);
+}
+
+/* the node of `name` in `parent` when it has open handles, else 0 */
+static fuse_ino_t open_node(Session *s, fuse_ino_t parent, const char *name)
+{
+    pthread_rwlock_rdlock(&s->table.lock);
+    fuse_ino_t ino = table_find(&s->table, parent, name, strlen(name));
+    if (ino && __atomic_load_n(&s->table.nodes[ino]->open_count, __ATOMIC_RELAXED) <= 0)
+        ino = 0;
+    pthread_rwlock_unlock(&s->table.lock);
+    return ino;
+}
+
+/* `names` held: the open file `ino` at `path` (in `parent`) takes a hidden
+ * name in the same folder, as libfuse's high-level API does (no hard_remove):
+ * Python takes the rename to it as the unlink it is (fs.kept), and the open
+ * handles keep a path until the last release unlinks it; 0 or an errno */
+static int hide(Session *s, fuse_ino_t parent, fuse_ino_t ino, const char *path, size_t len)
+{
+    char name[64];
+    int n_name = snprintf(name, sizeof(name), ".fuse_hidden%08llx%08x", (unsigned long long)ino,
+                          ++s->hidden_seq);
+    const char *slash = memrchr(path, '/', len);
+    size_t dir_len = slash ? (size_t)(slash - path) + 1 : 0;
+    char *hidden = malloc(dir_len + (size_t)n_name + 1);
+    if (!hidden)
+        return ENOMEM;
+    memcpy(hidden, path, dir_len);
+    memcpy(hidden + dir_len, name, (size_t)n_name + 1);
+    int err;
+    gil_enter();
+    PyObject *old = py_fspath(s, path, len);
+    PyObject *new = old ? py_fspath(s, hidden, dir_len + (size_t)n_name) : NULL;
+    PyObject *r = new ? call_ops(s, "rename", "(OO)", old, new) : NULL;
+    err = answer_errno(r);
+    Py_XDECREF(r);
+    Py_XDECREF(new);
+    Py_XDECREF(old);
+    gil_leave();
+    free(hidden);
+    if (!err) {
+        pthread_rwlock_wrlock(&s->table.lock);
+        err = -table_move(&s->table, ino, parent, name, (size_t)n_name);
+        s->table.nodes[ino]->hidden = 1;
+        pthread_rwlock_unlock(&s->table.lock);
+    }
+    return err;
+}
+
+/* unlink or rmdir (`method`) of `name` in `parent`; an open file takes a
+ * hidden name instead (folders are never open: opendir does not count) */
+static void remove_name(fuse_req_t req, fuse_ino_t parent, const char *name, const char *method)
+{
+    Session *s = fuse_req_userdata(req);
+    int err = 0;
+    size_t len;
+    char *path = child_or_reply(req, s, parent, name, &len);
+    if (!path)
+        return;
+    pthread_mutex_lock(&s->names);
+    fuse_ino_t open = open_node(s, parent, name);
+    if (open) {
+        err = hide(s, parent, open, path, len);
+    } else {
+        gil_enter();
+        Py_XDECREF(call_path(s, method, path, len, NULL, &err));
+        gil_leave();
+        if (!err) {
+            pthread_rwlock_wrlock(&s->table.lock);
+            table_detach(&s->table, table_find(&s->table, parent, name, strlen(name)));
+            pthread_rwlock_unlock(&s->table.lock);
+        }
+    }
+    pthread_mutex_unlock(&s->names);
+    free(path);
+    fuse_reply_err(req, err);
+}
+
+static void ll_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    remove_name(req, parent, name, "unlink");
+}
+
+static void ll_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    remove_name(req, parent, name, "rmdir");
+}
+
+static void ll_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+                      const char *newname, unsigned int flags)
+{
+    Session *s = fuse_req_userdata(req);
+    if (flags) { /* RENAME_NOREPLACE, RENAME_EXCHANGE: not over copy + delete */
+        fuse_reply_err(req, EINVAL);
+        return;
+    }
+    int err = 0;
+    size_t old_len, new_len;
+    char *old = child_path(s, parent, name, &old_len, &err);
+    char *new = old ? child_path(s, newparent, newname, &new_len, &err) : NULL;
+    if (!new) {
+        free(old);
+        fuse_reply_err(req, err);
+        return;
+    }
+    pthread_mutex_lock(&s->names);
+    fuse_ino_t target = open_node(s, newparent, newname);
+    if (target) /* an open file renamed over: hidden first, as an unlink */
+        err = hide(s, newparent, target, new, new_len);
+    if (!err) {
+        gil_enter();
+        PyObject *o = py_fspath(s, old, old_len);
+        PyObject *n = o ? py_fspath(s, new, new_len) : NULL;
+        PyObject *r = n ? call_ops(s, "rename", "(OO)", o, n) : NULL;
+        err = answer_errno(r);
+        Py_XDECREF(r);
+        Py_XDECREF(n);
+        Py_XDECREF(o);
+        gil_leave();
+    }
+    if (!err) {
+        pthread_rwlock_wrlock(&s->table.lock);
+        fuse_ino_t source = table_find(&s->table, parent, name, strlen(name));
+        if (source)
+            err = -table_move(&s->table, source, newparent, newname, strlen(newname));
+        else
+            table_detach(&s->table, table_find(&s->table, newparent, newname, strlen(newname)));
+        pthread_rwlock_unlock(&s->table.lock);
+    }
+    pthread_mutex_unlock(&s->names);
+    free(old);
+    free(new);
+    fuse_reply_err(req, err);
+}
+
+/* ops.<method>(path) of `ino`, answering only an errno */
+static void path_call(fuse_req_t req, fuse_ino_t ino, const char *method)
+{
+    Session *s = fuse_req_userdata(req);
+    int err = 0;
+    size_t len;
+    char *path = path_or_reply(req, s, ino, &len);
+    if (!path)
+        return;
+    gil_enter();
+    Py_XDECREF(call_path(s, method, path, len, NULL, &err));
+    gil_leave();
+    free(path);
+    fuse_reply_err(req, err);
+}
+
+static void ll_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+                        size_t size, int flags)
+{
+    (void)name;
+    (void)value;
+    (void)size;
+    (void)flags;
+    path_call(req, ino, "setxattr");
+}
+
+static void ll_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+    (void)name;
+    path_call(req, ino, "removexattr");
+}
+
+static void ll_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+                         struct fuse_file_info *fi)
+{
+    (void)mode;
+    (void)offset;
+    (void)length;
+    (void)fi;
+    path_call(req, ino, "fallocate");
+}
+
 static const struct fuse_lowlevel_ops ll_ops = {
     .init = ll_init,
     .lookup = ll_lookup,
@@ -1507,22 +2061,38 @@ static const struct fuse_lowlevel_ops ll_ops = {
     .releasedir = ll_releasedir,
     .statfs = ll_statfs,
     .access = ll_access,
-    /* flush, getxattr, listxattr: left out, libfuse answers ENOSYS once and
-     * the kernel stops asking */
+    .setattr = ll_setattr,
+    .readlink = ll_readlink,
+    .mknod = ll_mknod,
+    .mkdir = ll_mkdir,
+    .unlink = ll_unlink,
+    .rmdir = ll_rmdir,
+    .symlink = ll_symlink,
+    .rename = ll_rename,
+    .link = ll_link,
+    .create = ll_create,
+    .setxattr = ll_setxattr,
+    .removexattr = ll_removexattr,
+    .fallocate = ll_fallocate,
+    /* getxattr, listxattr, and flush on a read-only mount: left out, libfuse
+     * answers ENOSYS once and the kernel stops asking (the two xattr probes
+     * `ls -l` makes per file never come here) */
 };
+
 
 /* -- the Python type ------------------------------------------------------ */
 
 static int Session_init(Session *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"ops", "mountpoint", "options", "timeout", "attr_ttl",
-                             "max_threads", NULL};
+                             "max_threads", "writable", NULL};
     PyObject *ops;
     const char *mountpoint, *options;
     double timeout, attr_ttl;
     unsigned int max_threads;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OssddI", kwlist, &ops, &mountpoint, &options,
-                                     &timeout, &attr_ttl, &max_threads))
+    int writable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OssddI|p", kwlist, &ops, &mountpoint, &options,
+                                     &timeout, &attr_ttl, &max_threads, &writable))
         return -1;
     if (self->se) {
         PyErr_SetString(PyExc_RuntimeError, "the session is already set up");
@@ -1539,12 +2109,22 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
     Py_INCREF(ops);
     self->ops = ops;
     self->timeout = timeout;
-    self->attr_ttl_ns = attr_ttl >= 9.0e9 ? NEVER : (int64_t)(attr_ttl * 1e9);
+    /* rw_mount: every lookup and getattr asks Python (writes change sizes and
+     * names behind the table) */
+    self->attr_ttl_ns = writable ? 0 : attr_ttl >= 9.0e9 ? NEVER : (int64_t)(attr_ttl * 1e9);
     self->max_threads = max_threads;
+    self->writable = writable;
+    pthread_mutex_init(&self->names, NULL);
 
     char *argv[] = {"datamount", "-o", (char *)options, NULL};
     struct fuse_args fargs = FUSE_ARGS_INIT(3, argv);
-    self->se = fuse_session_new(&fargs, &ll_ops, sizeof(ll_ops), self);
+    struct fuse_lowlevel_ops table = ll_ops; /* (libfuse keeps a copy) */
+    if (writable) { /* and what comes with writes: FLUSH at every close(2) */
+        table.write = ll_write;
+        table.flush = ll_flush;
+        table.fsync = ll_fsync;
+    }
+    self->se = fuse_session_new(&fargs, &table, sizeof(table), self);
     fuse_opt_free_args(&fargs);
     if (!self->se) {
         PyErr_SetString(PyExc_RuntimeError, "libfuse refused the mount options");
@@ -1705,5 +2285,12 @@ PyMODINIT_FUNC PyInit__lowlevel(void)
         return NULL;
     }
     PyModule_AddIntConstant(m, "MAX_IO", MAX_IO);
+    PyModule_AddIntConstant(m, "SET_ATTR_MODE", FUSE_SET_ATTR_MODE);
+    PyModule_AddIntConstant(m, "SET_ATTR_UID", FUSE_SET_ATTR_UID);
+    PyModule_AddIntConstant(m, "SET_ATTR_GID", FUSE_SET_ATTR_GID);
+    PyModule_AddIntConstant(m, "SET_ATTR_SIZE", FUSE_SET_ATTR_SIZE);
+    PyModule_AddIntConstant(m, "SET_ATTR_TIMES", FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME |
+                                                     FUSE_SET_ATTR_ATIME_NOW |
+                                                     FUSE_SET_ATTR_MTIME_NOW);
     return m;
 }

@@ -2,6 +2,11 @@
 from typing import Any
 
 MAX_IO: int
+SET_ATTR_MODE: int
+SET_ATTR_UID: int
+SET_ATTR_GID: int
+SET_ATTR_SIZE: int
+SET_ATTR_TIMES: int
 
 class Session:
     def __init__(
@@ -13,6 +18,7 @@ class Session:
         timeout: float,
         attr_ttl: float,
         max_threads: int,
+        writable: bool = False,
     ) -> None: ...
     def loop(self) -> int: ...
     def exit(self) -> None: ...

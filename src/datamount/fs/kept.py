@@ -35,10 +35,11 @@ from datamount.fs.namespace import Attrs
 from datamount.read.reader import ReadHandle
 
 CHUNK = 8 << 20
-# libfuse (no hard_remove) renames an open file that is unlinked or renamed
-# over to .fuse_hidden<node><n> in its folder, and unlinks that name after the
-# last release: the filesystem takes the rename as the unlink it is, and the
-# open files answer to the hidden name meanwhile (fstat: nlink 0).
+# The FUSE layer (fs._lowlevel, as libfuse's high-level API without
+# hard_remove) renames an open file that is unlinked or renamed over to
+# .fuse_hidden<node><n> in its folder, and unlinks that name after the last
+# release: the filesystem takes the rename as the unlink it is, and the open
+# files answer to the hidden name meanwhile (fstat: nlink 0).
 HIDDEN = ".fuse_hidden"
 
 log = logging.getLogger("datamount.fs.kept")

@@ -1,5 +1,6 @@
-"""The FUSE layer of ro_mount: libfuse3's low-level loop in C (`fs._lowlevel`)
-in front of `fs.ops.ReadOnlyFS`.
+"""The FUSE layer: libfuse3's low-level loop in C (`fs._lowlevel`) in front of
+`fs.ops.ReadOnlyFS` (ro_mount, eval_mount) or `fs.writable.WritableFS`
+(rw_mount).
 
 The native side runs libfuse's multi-threaded loop without the GIL and answers
 from its inode table what needs no decision: a lookup or getattr of a name it
@@ -13,11 +14,20 @@ answers carry, for one-block cached files, where the block is
 (`CachedBlocks`). Why native and what each request costs:
 docs/design/ro_mount.md ("The native loop").
 
-Kernel-facing choices are those of `fs.fuse_adapter` (read-only, for the
-mounting user unless `fs.access` opens it, attribute / entry / negative
-timeouts equal the attribute cache TTL, `keep_cache` per open, reads up to
-1 MiB, no FLUSH, readdirplus with full attributes); an inode number names
-one path for the mount's life.
+Kernel-facing choices (why each: docs/design/ro_mount.md, "What the kernel
+is told"): read-only (`ro`) unless the filesystem has a write side
+(`fs.writes`); for the mounting user only, or `allow_other` with
+`default_permissions` (`fs.access`); attribute / entry / negative timeouts
+equal the attribute cache TTL (none set: a year, i.e. never); `keep_cache`
+per open; reads and writes up to 1 MiB; no FLUSH on a read-only mount;
+readdirplus with full attributes. An inode number names one file for the
+mount's life: it follows a rename, and a name that goes leaves it without a
+path.
+
+rw_mount: nothing is served natively (writes change what a name holds), so
+every request comes here; the native side adds the hidden names of open
+files unlinked or renamed over, which `fs.kept` takes as the unlinks they
+are.
 
 Threads: libfuse's workers call `Ops` concurrently (each keeps one Python
 thread state for its life, made by the native side); `run` blocks its
@@ -35,7 +45,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from datamount.fs import funnel
+from datamount.fs import _lowlevel, funnel
 from datamount.fs._lowlevel import Session
 from datamount.fs.funnel import errno_of
 from datamount.fs.namespace import Attrs
@@ -95,6 +105,8 @@ class Ops:
     def __init__(self, fs: ReadOnlyFS, on_ready: Callable[[], None]) -> None:
         self.fs = fs
         self.on_ready = on_ready
+        # rw_mount: nothing served natively (writes change what a name holds)
+        self.writable = fs.writes is not None
         self._lock = threading.Lock()
         self._dirs: dict[int, str] = {}  # open directory handle -> its path
         self._told: set[str] = set()  # folders whose whole listing the native table has
@@ -105,13 +117,16 @@ class Ops:
         block is."""
         cached = None
         fs = self.fs
-        if not attrs.is_dir and attrs.size <= fs.block_size and fs.cached_blocks is not None:
+        if (not attrs.is_dir and attrs.size <= fs.block_size and fs.cached_blocks is not None
+                and not self.writable):  # fmt: skip
             cached = fs.cached_blocks(ObjectId(fs.store_id, attrs.key, attrs.etag, attrs.size))
         return (*(st or _stat(fs.stat_dict(attrs))), cached)
 
     def _siblings(self, path: str) -> list[tuple[bytes, Entry, int]] | None:
         """The other entries of `path`'s folder, once, when its listing is
         complete: one lookup fills the native table for the whole folder."""
+        if self.writable:
+            return None
         folder = posixpath.dirname(path)
         with self._lock:
             if folder in self._told:
@@ -134,16 +149,20 @@ class Ops:
         )  # fmt: skip
         self.on_ready()
 
+    def _path_entry(self, path: str) -> Entry:
+        if self.writable:  # (an open file's hidden name: nlink 0)
+            return (*_stat(self.fs.getattr(path)), None)
+        self.fs.count(getattrs=1)
+        return self._entry(self.fs.lookup(path))
+
     @_answer
     def lookup(self, path: str) -> tuple[Entry, list[tuple[bytes, Entry, int]] | None]:
         """(the entry of `path`, its folder's other entries or None)."""
-        self.fs.count(getattrs=1)
-        return self._entry(self.fs.lookup(path)), self._siblings(path)
+        return self._path_entry(path), self._siblings(path)
 
     @_answer
     def getattr(self, path: str) -> Entry:
-        self.fs.count(getattrs=1)
-        return self._entry(self.fs.lookup(path))
+        return self._path_entry(path)
 
     @_answer
     def access(self, path: str, mask: int) -> int:
@@ -167,7 +186,8 @@ class Ops:
             changed = _stat(self.fs.stat_dict(self.fs.lookup(path)))
         blocks = None
         file = self.fs.opened(opened.fh)
-        if self.fs.cached_blocks is not None and file is not None and file.obj is not None:
+        if (self.fs.cached_blocks is not None and file is not None and file.obj is not None
+                and not self.writable):  # fmt: skip
             blocks = self.fs.cached_blocks(file.obj)
         return opened.fh, opened.keep_cache, changed, blocks
 
@@ -190,6 +210,100 @@ class Ops:
     def release(self, fh: int) -> int:
         self.fs.release(fh)
         return 0
+
+    # -- names and writes: WritableFS serves them; ReadOnlyFS answers EROFS ----
+
+    @_answer
+    def create(self, path: str, mode: int, flags: int) -> tuple[int, Entry]:
+        """(the new file's handle, its entry)."""
+        fh = self.fs.create(path, mode, flags).fh
+        try:
+            return fh, self._path_entry(path)
+        except BaseException:
+            self.fs.release(fh)
+            raise
+
+    @_answer
+    def write(self, fh: int, data: bytes, offset: int) -> int:
+        return self.fs.write("", data, offset, fh)
+
+    @_answer
+    def flush(self, fh: int) -> int:
+        self.fs.flush(fh)
+        return 0
+
+    @_answer
+    def fsync(self, fh: int) -> int:
+        self.fs.fsync(fh)
+        return 0
+
+    @_answer
+    def setattr(self, path: str, fh: int, which: int, mode: int, uid: int, gid: int,
+                size: int) -> Entry:  # fmt: skip
+        """Attributes set (`which`: the FUSE_SET_ATTR_* bits), through the
+        open handle `fh` when there is one (0: none); the attributes after."""
+        fs = self.fs
+        if which & _lowlevel.SET_ATTR_SIZE:
+            if fh:  # ftruncate: the handle decides, whatever its name is now
+                fs.ftruncate(fh, size)
+            else:
+                fs.truncate(path, size)
+        if which & _lowlevel.SET_ATTR_MODE:
+            fs.chmod(path, mode)
+        if which & (_lowlevel.SET_ATTR_UID | _lowlevel.SET_ATTR_GID):
+            fs.chown(path, uid, gid)
+        if which & _lowlevel.SET_ATTR_TIMES:
+            fs.utimens(path, None)
+        if fh:
+            return (*_stat(fs.fgetattr(fh)), None)
+        return self._path_entry(path)
+
+    @_answer
+    def mkdir(self, path: str, mode: int) -> Entry:
+        self.fs.mkdir(path, mode)
+        return self._path_entry(path)
+
+    @_answer
+    def mknod(self, path: str, mode: int) -> Entry:
+        self.fs.mknod(path, mode)
+        return self._path_entry(path)
+
+    @_answer
+    def link(self, path: str, _: int) -> Entry:
+        """A hard or symbolic link named `path` (refused: no links in blobs)."""
+        self.fs.link(path, path)
+        return self._path_entry(path)
+
+    symlink = link
+
+    @_answer
+    def unlink(self, path: str) -> int:
+        self.fs.unlink(path)
+        return 0
+
+    @_answer
+    def rmdir(self, path: str) -> int:
+        self.fs.rmdir(path)
+        return 0
+
+    @_answer
+    def rename(self, old: str, new: str) -> int:
+        self.fs.rename(old, new)
+        return 0
+
+    @_answer
+    def setxattr(self, path: str) -> int:
+        return self.fs.setxattr(path)
+
+    @_answer
+    def removexattr(self, path: str) -> int:
+        return self.fs.removexattr(path)
+
+    @_answer
+    def fallocate(self, path: str) -> int:
+        return self.fs.fallocate(path)
+
+    # -- folders -------------------------------------------------------------------
 
     @_answer
     def opendir(self, path: str) -> int:
@@ -238,7 +352,9 @@ def _options(fs: ReadOnlyFS, fsname: str) -> str:
     def escape(value: str) -> str:
         return value.replace("\\", "\\\\").replace(",", "\\,")
 
-    options = ["ro", f"fsname={escape(fsname)}", "subtype=datamount"]
+    options = [f"fsname={escape(fsname)}", "subtype=datamount"]
+    if fs.writes is None:
+        options.append("ro")
     options += [name for name, on in fs.permissions.fuse_options().items() if on]
     return ",".join(options)
 
@@ -258,14 +374,12 @@ def run(
     `on_ready` runs (on a libfuse thread) once the kernel has connected.
     Raises MountFailed when libfuse cannot mount or its loop fails.
     """
-    if fs.writes is not None:
-        raise ValueError("the native loop serves read-only filesystems")
     timeout = NEVER_SECONDS if ttl_seconds is None else ttl_seconds
     try:
         session = Session(
             Ops(fs, on_ready), mountpoint, _options(fs, fsname), timeout=timeout,
             attr_ttl=float("inf") if ttl_seconds is None else ttl_seconds,
-            max_threads=max_threads,
+            max_threads=max_threads, writable=fs.writes is not None,
         )  # fmt: skip
     except RuntimeError as exc:
         raise MountFailed(str(exc)) from None

@@ -99,7 +99,7 @@ class DaemonConfig:
 
 
 class FuseLoop(Protocol):
-    """What the FUSE layer (fs.lowlevel or fs.fuse_adapter) hands the daemon
+    """What the FUSE layer (fs.lowlevel) hands the daemon
     once mounted: a way to end its loop from outside a request."""
 
     def stop_loop(self, loop_thread: threading.Thread) -> None: ...
@@ -132,11 +132,8 @@ class MountDaemon:
     # -- start ---------------------------------------------------------------
 
     def start(self, timeout: float = READY_TIMEOUT) -> None:
-        try:  # the native loop serves read-only mounts; rw_mount is still on mfusepy
-            if self.fs.writes is None:
-                from datamount.fs import lowlevel as fuse_layer
-            else:
-                from datamount.fs import fuse_adapter as fuse_layer  # type: ignore[no-redef]
+        try:
+            from datamount.fs import lowlevel as fuse_layer
         except (ImportError, OSError) as exc:
             raise DataError(f"FUSE is not available: {exc} (install fuse3)") from None
         self._install_signals()
@@ -224,7 +221,7 @@ class MountDaemon:
             return  # handlers need the main thread; unmount then comes from outside only
         for sig in STOP_SIGNALS:
             self._old_handlers[sig] = signal.signal(sig, self._on_signal)
-        # Interrupts libfuse's loop thread in a forced stop (fuse_adapter.WAKE_SIGNAL).
+        # Interrupts libfuse's loop thread in a forced stop (lowlevel's Session.exit).
         self._old_handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda s, f: None)
 
     def _restore_signals(self) -> None:
