@@ -1251,6 +1251,8 @@ static int python_open(Session *s, struct open_file *of, fuse_ino_t ino, int *ke
 static int python_handle(Session *s, struct open_file *of)
 {
     int err = 0;
+    if (!of->blocks) /* opened by Python: it has a handle (ids start at 1) */
+        return EBADF;
     pthread_mutex_lock(&of->lock);
     if (!of->py_fh) {
         size_t len;
