@@ -319,7 +319,6 @@ Variables read elsewhere: `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`,
 ([Storage](storage.md)); `RANK` and `WORLD_SIZE`
 ([Training loops](training.md)); `MALLOC_ARENA_MAX` (a mount daemon caps
 glibc's malloc arenas at 2 unless it is set; [design/memory](design/memory.md));
-`FUSE_LIBRARY_PATH` (the libfuse a mount loads; libfuse 3 by default);
 `AZURE_FEDERATED_TOKEN_FILE`, `AZURE_CLIENT_ID`, `AZURE_TENANT_ID` and
 `AZURE_AUTHORITY_HOST` (workload identity; [Storage](storage.md#credentials)).
 """
