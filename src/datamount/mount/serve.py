@@ -13,6 +13,7 @@ Threads: the caller's (main) thread; the daemon and the stack own theirs.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -73,6 +74,10 @@ def run(
     """The mount answers: tell whoever waits, then serve until unmounted.
     OutputError when an rw_mount ends with writes only staged."""
     plan = served.plan
+    # What start-up built (modules, the stack) lives as long as the mount: out
+    # of the cyclic collector's sight, so its full passes stay short
+    # (docs/design/ro_mount.md, "The daemon and the GIL").
+    gc.freeze()
     try:
         readiness.ok()
         if on_ready is not None:
