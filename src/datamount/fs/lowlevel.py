@@ -107,6 +107,8 @@ class Ops:
         self.on_ready = on_ready
         # rw_mount: nothing served natively (writes change what a name holds)
         self.writable = fs.writes is not None
+        # where the disk tier keeps a whole file (None: nowhere the loop reads)
+        self._cached = None if self.writable else fs.cached_blocks
         self._lock = threading.Lock()
         self._dirs: dict[int, str] = {}  # open directory handle -> its path
         self._told: set[str] = set()  # folders whose whole listing the native table has
@@ -117,9 +119,8 @@ class Ops:
         block is."""
         cached = None
         fs = self.fs
-        if (not attrs.is_dir and attrs.size <= fs.block_size and fs.cached_blocks is not None
-                and not self.writable):  # fmt: skip
-            cached = fs.cached_blocks(ObjectId(fs.store_id, attrs.key, attrs.etag, attrs.size))
+        if self._cached is not None and not attrs.is_dir and attrs.size <= fs.block_size:
+            cached = self._cached(ObjectId(fs.store_id, attrs.key, attrs.etag, attrs.size))
         return (*(st or _stat(fs.stat_dict(attrs))), cached)
 
     def _siblings(self, path: str) -> list[tuple[bytes, Entry, int]] | None:
@@ -186,9 +187,8 @@ class Ops:
             changed = _stat(self.fs.stat_dict(self.fs.lookup(path)))
         blocks = None
         file = self.fs.opened(opened.fh)
-        if (self.fs.cached_blocks is not None and file is not None and file.obj is not None
-                and not self.writable):  # fmt: skip
-            blocks = self.fs.cached_blocks(file.obj)
+        if self._cached is not None and file is not None and file.obj is not None:
+            blocks = self._cached(file.obj)
         return opened.fh, opened.keep_cache, changed, blocks
 
     @_answer
