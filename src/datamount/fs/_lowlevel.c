@@ -750,20 +750,35 @@ static int answer_errno(PyObject *result)
     return 0;
 }
 
+/* GIL held: `path` as a str in the filesystem encoding (surrogateescape); a
+ * new reference, or NULL with the error reported */
+static PyObject *py_fspath(Session *s, const char *path, size_t len)
+{
+    PyObject *p = PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)len);
+    if (!p)
+        PyErr_WriteUnraisable(s->ops);
+    return p;
+}
+
+/* GIL held: the handle `fh` Python gave back to it; the release's errno */
+static int release_handle(Session *s, unsigned long long fh)
+{
+    PyObject *r = call_ops(s, "release", "(K)", fh);
+    int err = answer_errno(r);
+    Py_XDECREF(r);
+    return err;
+}
+
 /* GIL held: ops.<method>(path) or ops.<method>(path, *arg), the path as a
  * str in the filesystem encoding (surrogateescape); the answer (a new
  * reference or NULL) and in *err its errno */
 static PyObject *call_path(Session *s, const char *method, const char *path, size_t len,
                            const int *arg, int *err)
 {
-    PyObject *py_path = PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)len);
-    PyObject *r = NULL;
-    if (!py_path)
-        PyErr_WriteUnraisable(s->ops);
-    else if (arg)
-        r = call_ops(s, method, "(Oi)", py_path, *arg);
-    else
-        r = call_ops(s, method, "(O)", py_path);
+    PyObject *py_path = py_fspath(s, path, len);
+    PyObject *r = !py_path ? NULL
+                  : arg    ? call_ops(s, method, "(Oi)", py_path, *arg)
+                           : call_ops(s, method, "(O)", py_path);
     Py_XDECREF(py_path);
     *err = answer_errno(r);
     return r;
@@ -1219,7 +1234,7 @@ static int python_open(Session *s, struct open_file *of, fuse_ino_t ino, int *ke
         }
     }
     if (err && opened) /* opened, but the answer is unusable: give the handle back */
-        Py_XDECREF(call_ops(s, "release", "(K)", fh));
+        release_handle(s, fh);
     Py_XDECREF(r);
     gil_leave();
     free(path);
@@ -1260,15 +1275,13 @@ static int python_handle(Session *s, struct open_file *of)
         if (path) {
             struct blocks *b = of->blocks;
             gil_enter();
-            PyObject *py_path = PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)len);
+            PyObject *py_path = py_fspath(s, path, len);
             PyObject *r = py_path ? call_ops(s, "open_version", "(Oy#y#y#K)", py_path, b->ident,
                                              (Py_ssize_t)b->n_store, b->ident + b->n_store,
                                              (Py_ssize_t)b->n_key,
                                              b->ident + b->n_store + b->n_key,
                                              (Py_ssize_t)b->n_etag, (unsigned long long)b->size)
                                   : NULL;
-            if (!py_path)
-                PyErr_WriteUnraisable(s->ops);
             err = answer_errno(r);
             if (!err) {
                 of->py_fh = PyLong_AsUnsignedLongLong(r);
@@ -1288,8 +1301,11 @@ static int python_handle(Session *s, struct open_file *of)
     return err;
 }
 
+/* one more open handle of `ino` (rw_mount: an unlinked open file is hidden) */
 static void node_opened(Session *s, fuse_ino_t ino)
 {
+    if (!s->writable)
+        return;
     pthread_rwlock_rdlock(&s->table.lock);
     if (ino >= 1 && ino <= s->table.count)
         __atomic_add_fetch(&s->table.nodes[ino]->open_count, 1, __ATOMIC_RELAXED);
@@ -1304,13 +1320,13 @@ static int close_file(Session *s, struct open_file *of)
     int err = 0;
     if (of->py_fh) {
         gil_enter();
-        PyObject *r = call_ops(s, "release", "(K)", of->py_fh);
-        err = answer_errno(r);
-        Py_XDECREF(r);
+        err = release_handle(s, of->py_fh);
         gil_leave();
     }
     fuse_ino_t ino = of->ino;
     open_file_free(of);
+    if (!s->writable) /* nothing is unlinked on a read-only mount: no open counts */
+        return err;
     pthread_rwlock_rdlock(&s->table.lock);
     int last_hidden = 0;
     if (ino >= 1 && ino <= s->table.count) {
@@ -1639,16 +1655,6 @@ static void ll_access(fuse_req_t req, fuse_ino_t ino, int mask)
 /* -- names and writes (rw_mount; on a read-only mount the kernel refuses
  * writes itself, and Python answers EROFS to the rest) --------------------- */
 
-/* GIL held: `path` as a str in the filesystem encoding (surrogateescape); a
- * new reference, or NULL with the error reported */
-static PyObject *py_fspath(Session *s, const char *path, size_t len)
-{
-    PyObject *p = PyUnicode_DecodeFSDefaultAndSize(path, (Py_ssize_t)len);
-    if (!p)
-        PyErr_WriteUnraisable(s->ops);
-    return p;
-}
-
 /* ops.<method>(path of `name` in `parent`, arg) making that name: the kernel
  * gets its entry (mkdir, mknod; link and symlink, which Python refuses) */
 static void new_entry(fuse_req_t req, fuse_ino_t parent, const char *name, const char *method,
@@ -1742,7 +1748,7 @@ static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
         }
     }
     if (err && opened) /* made, but the answer is unusable: give the handle back */
-        Py_XDECREF(call_ops(s, "release", "(K)", fh));
+        release_handle(s, fh);
     Py_XDECREF(r);
     Py_XDECREF(p);
     gil_leave();
@@ -1754,7 +1760,7 @@ static void ll_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
         pthread_rwlock_unlock(&s->table.lock);
         if (err) { /* no node: give the handle back */
             gil_enter();
-            Py_XDECREF(call_ops(s, "release", "(K)", fh));
+            release_handle(s, fh);
             gil_leave();
         }
     }
