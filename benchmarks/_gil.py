@@ -15,6 +15,9 @@ the storage kept up. py-spy missing: figures are "n/a", nothing fails; py-spy fa
         the GIL figures of the runs benchmarks/gil_wrap.sh (BENCH_DATAMOUNT for the
         side-by-side bench) recorded in DIR, downloads matched to the results' rows
 
+With GIL_RAW_DIR set, each Sampler also keeps py-spy's raw stacks there (PID-EPOCH.txt):
+where the GIL-held samples went, function by function.
+
 Threads: `Sampler` runs py-spy as a child process and waits for it on the caller's
 thread. Standard library only.
 """
@@ -200,6 +203,10 @@ class Sampler:
             proc.kill()
             code = proc.wait()
         self.result = _finish(self._tmp / "raw.txt", self._tmp / "log.txt", code, self.rate)
+        keep = os.environ.get("GIL_RAW_DIR")  # the stacks, for a profile of the GIL's time
+        if keep and (self._tmp / "raw.txt").exists():
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copy(self._tmp / "raw.txt", Path(keep) / f"{self.pid}-{time.time():.0f}.txt")
         shutil.rmtree(self._tmp, ignore_errors=True)
         return self.result
 

@@ -550,3 +550,43 @@ def test_an_offer_to_a_spent_prefetch_share_takes_only_what_needs_no_fetch(
         assert rig.store.requests["read"] == 2
     finally:
         rig.close()
+
+
+@pytest.mark.parametrize("handles", [1, 8])
+def test_interleaved_streams_share_the_prefetch_budget(handles: int) -> None:
+    """8 sequential readers, each over its own eighth, their reads interleaved
+    (a model loader's threads, on one handle or on 8): each stream keeps its
+    share of the prefetch budget ahead, so after the first reads of each part
+    every block comes from a prefetch, none from a one-block demand fetch. (Each
+    stream's window free to grow to the whole budget, the first streams to grow
+    take it all and the others read on demand: 150 demand blocks in 193
+    requests here, against 15 in 104.)"""
+    bs, parts, per_part = 64 << 10, 8, 32
+    data = source(bs * parts * per_part)
+    store = MemoryStore({"f": data})
+    o = object_id(store, "f")
+    stats, scheduler = MountStats(), Scheduler(4)
+    # a prefetch share of 24 blocks (3 per stream), runs of 4 blocks
+    fetcher = BlockFetcher(
+        store, NoCache(), bs, scheduler, stats, memory_budget=32 * bs, run_bytes=4 * bs
+    )
+    reader = BlockReader(fetcher, bs, 32)
+    try:
+        opened = [reader.open(o) for _ in range(handles)]
+        step = bs // 2
+        cursors = [p * per_part * bs for p in range(parts)]
+        while cursors[0] < per_part * bs:
+            for p in range(parts):
+                handle = opened[p % handles]
+                assert handle.read(cursors[p], step) == data[cursors[p] : cursors[p] + step]
+                cursors[p] += step
+            assert fetcher.census.streams <= parts
+        for handle in opened:
+            handle.close()
+        assert fetcher.census.streams == 0
+    finally:
+        reader.close()
+        scheduler.close()
+    got = stats.snapshot()
+    demand = got["blocks_fetched"] - got["prefetched_blocks"]
+    assert demand <= 2 * parts, got

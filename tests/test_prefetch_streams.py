@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datamount.read.prefetch.policy import PrefetchPolicy
-from datamount.read.prefetch.streams import MAX_STREAMS, StreamTable
+from datamount.read.prefetch.streams import MAX_STREAMS, StreamCensus, StreamTable
 
 pytestmark = pytest.mark.unit
 
@@ -166,3 +166,26 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="max_streams"):
         StreamTable(10, 4, max_streams=0)
     assert StreamTable(10, 4).idle_reads == 2 * MAX_STREAMS
+
+
+def test_streams_keep_to_their_share_of_the_census_budget() -> None:
+    """One stream may grow to the whole budget; with more, each keeps at most
+    an equal part of it, and the streams of closed handles leave the census."""
+    census = StreamCensus(24)
+    alone = StreamTable(10_000, 32, batch=4, census=census)
+    for block in range(40):
+        feed(alone, block, block)
+    assert (alone.window, census.streams) == (24, 1)
+    tables = [StreamTable(10_000, 32, batch=4, census=census) for _ in range(7)]
+    for step in range(40):
+        for t, table in enumerate(tables):
+            feed(table, 1000 * (t + 1) + step, 1000 * (t + 1) + step)
+            assert table.window <= max(1, 24 // census.streams)
+    feed(alone, 40, 40)
+    assert census.streams == 8
+    assert alone.window == 3  # shrunk to its share
+    for table in [alone, *tables]:
+        table.close()
+    assert census.streams == 0
+    with pytest.raises(ValueError, match="blocks"):
+        StreamCensus(0)

@@ -436,7 +436,10 @@ class Settings(BaseModel):
     read_buffer_block_count: BlockCount = Field(
         32,
         alias="DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT",
-        description="Blocks a sequential reader's prefetch window grows to, per open file.",
+        description=(
+            "Blocks a sequential reader's prefetch window grows to, per open file; "
+            "sequential streams reading at once share the mount's prefetch budget equally."
+        ),
     )
     read_threads: Threads = Field(
         default_factory=lambda: _cores() * 4,

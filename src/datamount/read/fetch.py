@@ -48,6 +48,7 @@ from datamount.read.cache.protocol import BlockCache
 from datamount.read.copy import empty
 from datamount.read.fetchlane import LaneUnavailable, MountLane
 from datamount.read.prefetch.scheduler import Scheduler, SchedulerClosed, Ticket
+from datamount.read.prefetch.streams import StreamCensus
 from datamount.read.stats import MountStats
 from datamount.storage.base import ObjectStore
 
@@ -134,6 +135,9 @@ class BlockFetcher:
         # Blocks per prefetch request; a run never needs more than the
         # prefetch share, or a small budget would never admit a whole one.
         self.run_blocks = max(1, min(run_bytes, self._held.prefetch_cap) // block_size)
+        # The sequential streams of every handle, each kept to its share of the
+        # prefetch budget (read/prefetch/streams.py).
+        self.census = StreamCensus(max(1, self._held.prefetch_cap // block_size))
         # The run the last offer could not admit: (its first key, its bytes).
         self._refused_run: tuple[BlockKey | None, int] = (None, 0)
         self._closed = False

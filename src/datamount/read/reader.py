@@ -129,6 +129,7 @@ class BlockHandle:
             max_window,
             batch=fetcher.run_blocks,
             slack=reorder_slack(block_size),
+            census=fetcher.census,
         )
         self._lock = threading.Lock()  # guards the policy and `_ahead`
         # The latest prefetches of this handle, cancelled at close.
@@ -253,6 +254,7 @@ class BlockHandle:
                 return
             self._closed = True
             ahead = list(self._ahead)
+            self._policy.close()
         self.fetcher.cancel([BlockKey(self.obj, i) for i in ahead])
 
 

@@ -83,6 +83,8 @@ class PrefetchPolicy:
         if last > self._hi:  # the stream advanced: widen the window
             self._window = min(self.max_window, max(1, self._window * 2))
             self._hi = last
+        else:  # `max_window` may have shrunk (a share of a budget other streams need)
+            self._window = min(self._window, self.max_window)
         self._issued = max(self._issued, last + 1)
         end = min(self._hi + 1 + self._window, self.block_count)
         if self._issued >= end:

@@ -21,15 +21,25 @@ each with its own window (as the kernel keeps readahead state per stream):
   one: a stream that ended, or a false one made by random reads that
   landed side by side, does not linger to catch later random reads.
 
+- The streams of every handle of a mount share its prefetch budget: with a
+  `StreamCensus`, each stream's window is at most its fair share of
+  `census.blocks` (the prefetch budget in blocks) among the census's
+  streams. Without it, the first streams to widen their windows take the
+  whole budget and the others fall back to one-block demand reads (the
+  per-request cost, not the bytes, bounds those: docs/design/ro_mount.md,
+  "Several streams share the budget").
+
 So one stream behaves as one PrefetchPolicy, and a random reader
 prefetches about as little as with one.
 `on_read`, `window` and `retract` mean what they mean on PrefetchPolicy;
 `window` is that of the stream the last read went to. No threads, no I/O,
-no locks: the caller (one handle) serialises calls.
+no locks: the caller (one handle) serialises calls; the census, shared by
+the mount's handles, has its own lock.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 from datamount.read.prefetch.policy import REORDER_SLACK, PrefetchPolicy
@@ -37,6 +47,27 @@ from datamount.read.prefetch.policy import REORDER_SLACK, PrefetchPolicy
 # Streams per handle: one per thread of a parallel loader reading its own
 # part of one file (8 threads is what the model-loading benchmark uses).
 MAX_STREAMS = 8
+
+
+class StreamCensus:
+    """The sequential streams of every handle of one mount, and the prefetch
+    budget they share, in blocks. Thread-safe."""
+
+    def __init__(self, blocks: int) -> None:
+        if blocks < 1:
+            raise ValueError("blocks must be >= 1")
+        self.blocks = blocks
+        self._lock = threading.Lock()
+        self.streams = 0
+
+    def add(self, delta: int) -> None:
+        if delta:
+            with self._lock:
+                self.streams += delta
+
+    def share(self) -> int:
+        """Blocks one stream may keep ahead: an equal part of the budget."""
+        return max(1, self.blocks // max(1, self.streams))
 
 
 class StreamTable:
@@ -49,6 +80,7 @@ class StreamTable:
         slack: int = REORDER_SLACK,
         max_streams: int = MAX_STREAMS,
         idle_reads: int | None = None,
+        census: StreamCensus | None = None,
     ) -> None:
         if max_streams < 1:
             raise ValueError("max_streams must be >= 1")
@@ -57,6 +89,7 @@ class StreamTable:
         self.batch = batch
         self.slack = slack
         self.max_streams = max_streams
+        self.census = census
         # Reads no stream took, counted since a stream's last read: a stream
         # outlives this many (only random reads, or new streams, make them).
         self.idle_reads = 2 * max_streams if idle_reads is None else idle_reads
@@ -87,6 +120,7 @@ class StreamTable:
     def on_read(self, first: int, last: int, span: tuple[int, int] | None = None) -> list[int]:
         """A demand read of blocks [first, last] (bytes `span`, [start, end),
         when known): the blocks to prefetch now, nearest first."""
+        counted = len(self._streams)
         stream = self._taker(first)
         if stream is None:
             self._misses += 1
@@ -98,6 +132,8 @@ class StreamTable:
                 stream.on_read(earlier, earlier)
             elif span is not None:
                 self._spans.append((span[0], span[1], first))
+        if self.census is not None:
+            stream.max_window = min(self.max_window, self.census.share())
         ahead = stream.on_read(first, last)
         self._window = stream.window
         if stream is self._candidate and self._window:  # two reads in a row
@@ -110,7 +146,15 @@ class StreamTable:
             self._previous = None
         while self._streams and self._misses - self._streams[-1][1] > self.idle_reads:
             self._streams.pop()  # idle: ended, or a false stream of random reads
+        if self.census is not None:
+            self.census.add(len(self._streams) - counted)
         return ahead
+
+    def close(self) -> None:
+        """The handle is closed: its streams leave the census."""
+        if self.census is not None:
+            self.census.add(-len(self._streams))
+        self._streams.clear()
 
     def _taker(self, first: int) -> PrefetchPolicy | None:
         """The stream that takes a read from block `first`, out of the table.
