@@ -74,6 +74,7 @@ def test_the_daemon_holds_no_secret_in_argv_or_environment(
 ) -> None:  # noqa: ANN001
     azurite.seed(container, {"s/x.bin": DATA})
     env = mount_env(azurite, tmp_path, container.container_name)  # key from ${TEST_KEY}
+    env.pop("OPENBLAS_NUM_THREADS", None)
     spec = spec_file(tmp_path, "input", "uri_folder", "azureml://datastores/store/paths/s/")
     mp = mounts.point(tmp_path / "mnt")
     out = datamount("mount", str(spec), str(mp), env=env)
@@ -90,6 +91,8 @@ def test_the_daemon_holds_no_secret_in_argv_or_environment(
     assert str(spec).encode() not in argv and b"--workspace" not in argv
     assert str(mp).encode() in argv  # named on its command line for `ps` (and fuse_helpers)
     assert env["DATAMOUNT_CACHE_DIR"].encode() in b"\0".join(environ)  # the rest is inherited
+    # its own: one OpenBLAS thread, not one per core (docs/production.md)
+    assert b"OPENBLAS_NUM_THREADS=1" in environ
     assert datamount("unmount", str(mp), env=env).returncode == 0
 
 

@@ -36,7 +36,8 @@ cp "$train/a.txt" "$model/a.txt"
 mkdir -p "$model/deep"
 sha256sum "$train/sub/b.bin" | cut -d' ' -f1 > "$model/deep/b.sha256"
 cp "$cfg" "$model/config.json"
-printf 'raw=%s\\nepochs=%s\\nlr=%s\\nvar=%s\\npwd=%s\\n' "$raw" "$epochs" "$lr" "$MY_VAR" "$PWD" \\
+printf 'raw=%s\\nepochs=%s\\nlr=%s\\nvar=%s\\npwd=%s\\nblas=%s\\n' "$raw" "$epochs" "$lr" "$MY_VAR" "$PWD" \\
+    "${OPENBLAS_NUM_THREADS-unset}" \\
     > "$model/args.txt"
 echo '{"accuracy": 0.9}' > "$metrics"
 if [ -n "$ckpt" ]; then
@@ -107,6 +108,7 @@ def test_run_every_mode_end_to_end(
     azurite, container, seeded, tmp_path: Path, mounts: Mounts
 ) -> None:
     env = mount_env(azurite, tmp_path, seeded)
+    env.pop("OPENBLAS_NUM_THREADS", None)  # the job must not get the daemons' one
     job = job_file(tmp_path, FULL + " ${{outputs.ckpt}}")
     spec = yaml.safe_load(job.read_text())
     spec["outputs"]["ckpt"] = {"type": "uri_folder", "mode": "rw_mount", "name": "ckpt",
@@ -129,6 +131,7 @@ def test_run_every_mode_end_to_end(
     assert args["raw"] == f"{azurite.endpoint}/{seeded}/data/train/"
     assert (args["epochs"], args["lr"], args["var"]) == ("3", "0.5", "hello")
     assert args["pwd"] == str(tmp_path / "src")
+    assert args["blas"] == "unset"  # the mount daemons' own variable stays theirs
     assert json.loads(blob(container, "out/metrics.json")) == {"accuracy": 0.9}
     # The rw_mount output: written (and renamed) through FUSE, in storage after the run.
     assert blob(container, "out/ckpt/epochs/final.bin") == SOURCE["data/train/sub/b.bin"][:3000000]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -83,6 +84,7 @@ class MountHandler:
             if not how.foreground:
                 _spawn(ctx, plan)
                 return plan.path
+            os.environ.update(control.DAEMON_ENV)  # this process is the daemon
             from datamount.mount import serve  # the stack's modules: only where served
 
             served = serve.start(plan)
@@ -103,9 +105,9 @@ def _spawn(ctx: Context, plan: MountPlan) -> None:
     daemon that dies), with the plan on its start-up channel; returns once
     the mount answers. Its environment is this one (a job's
     environment_variables tune it too) without the workspace's variables:
-    the plan already holds the credentials they gave."""
+    the plan already holds the credentials they gave; plus DAEMON_ENV."""
     secrets = ctx.secret_variables()
-    env = {k: v for k, v in ctx.environ.items() if k not in secrets}
+    env = {k: v for k, v in ctx.environ.items() if k not in secrets} | control.DAEMON_ENV
     argv = [sys.executable, "-m", "datamount.mount.supervise", str(plan.mountpoint)]
     log_file = plan.settings.log_dir / RUNTIME_LOG
     pid = control.spawn(argv, mountpoint=plan.mountpoint, log_file=log_file, env=env,
