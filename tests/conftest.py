@@ -82,6 +82,17 @@ def azurite_https(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]
 
 
 @pytest.fixture
+def run_scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """TMPDIR of the CLI processes a test starts, under tmp_path: a `datamount
+    run` without --workdir makes its work folder there, and a failed one
+    keeps its step logs there, not in the machine's /tmp."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    return scratch
+
+
+@pytest.fixture
 def mounts(tmp_path: Path) -> Iterator[Mounts]:
     """Every mount point of a test, detached and its daemon killed at the end."""
     yield from tracked_mounts(tmp_path)

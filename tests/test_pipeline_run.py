@@ -17,7 +17,7 @@ import yaml
 
 from fuse_helpers import Mounts, datamount, mount_env
 
-pytestmark = pytest.mark.azurite
+pytestmark = [pytest.mark.azurite, pytest.mark.usefixtures("run_scratch")]
 
 CMD = "https://azuremlschemas.azureedge.net/latest/commandComponent.schema.json"
 PIPE = "https://azuremlschemas.azureedge.net/latest/pipelineJob.schema.json"

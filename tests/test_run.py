@@ -21,7 +21,7 @@ import yaml
 from faultproxy import FaultProxy
 from fuse_helpers import EXE, Mounts, datamount, mount_env, mounted, wait_for
 
-pytestmark = pytest.mark.azurite
+pytestmark = [pytest.mark.azurite, pytest.mark.usefixtures("run_scratch")]
 
 rng = random.Random(11)
 SOURCE = {

@@ -24,7 +24,7 @@ import yaml
 from faultproxy import FaultProxy
 from fuse_helpers import datamount, mount_env
 
-pytestmark = [pytest.mark.azurite, pytest.mark.fuse]
+pytestmark = [pytest.mark.azurite, pytest.mark.fuse, pytest.mark.usefixtures("run_scratch")]
 
 DATA = random.Random(28).randbytes(3 * 1024 * 1024 + 17)
 
