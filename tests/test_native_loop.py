@@ -153,6 +153,7 @@ def test_a_native_open_whose_block_went_is_read_through_python_pinned_to_that_ve
     # Opened natively (the listing said cached), read through Python: each file's
     # version fetched again, exactly once.
     assert stats["fs"]["native_opens"] == len(files)
+    assert stats["fs"]["opens"] == len(files)  # each once, though Python read it too
     assert stats["fs"]["native_reads"] == 0
     assert stats["cache"]["bytes_fetched"] == sum(map(len, files.values()))
 

@@ -178,12 +178,13 @@ class ReadOnlyFS:
 
     # -- for those hooks: the handle table and the counters ----------------------
 
-    def add_file(self, file: OpenFile) -> int:
-        """Register an open file; its handle id (counted as an open)."""
+    def add_file(self, file: OpenFile, *, counted: bool = True) -> int:
+        """Register an open file; its handle id (counted as an open unless
+        `counted` is false: a handle for an open counted elsewhere)."""
         with self._lock:
             fh = next(self._ids)
             self._files[fh] = file
-            self._counts["opens"] += 1
+            self._counts["opens"] += counted
         return fh
 
     def opened(self, fh: int) -> OpenFile | None:
@@ -316,7 +317,8 @@ class ReadOnlyFS:
         fails its reads with ESTALE, as any pinned handle does."""
         attrs = self.namespace.peek(path)
         mtime = attrs.mtime if attrs is not None and attrs.etag == obj.etag else 0.0
-        return self.add_file(OpenFile(path, self.reader.open(obj), obj, mtime))
+        # The native loop counted this open (native_opens): not a second one.
+        return self.add_file(OpenFile(path, self.reader.open(obj), obj, mtime), counted=False)
 
     def kernel_attrs_stale(self, path: str) -> bool:
         """True (once) when the kernel may hold older attributes of `path` than
