@@ -32,7 +32,7 @@ system-deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml setup.py src/datamount/fs/_lowlevel.c
+$(STAMP): pyproject.toml setup.py src/datamount/fs/_lowlevel.c src/datamount/read/_buffers.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'

@@ -1,7 +1,7 @@
 """The native part of datamount, built by pip from source (pyproject.toml holds
 everything else): the FUSE low-level loop on libfuse3 (Debian's libfuse3-dev,
-installed by `make setup`). DATAMOUNT_ASAN=1 builds it with AddressSanitizer
-(`make asan`)."""
+installed by `make setup`), and the read path's block buffers and GIL-free
+copies. DATAMOUNT_ASAN=1 builds them with AddressSanitizer (`make asan`)."""
 
 import os
 
@@ -22,6 +22,12 @@ setup(
             libraries=["fuse3", "pthread"],
             extra_compile_args=CFLAGS,
             extra_link_args=LDFLAGS,
-        )
+        ),
+        Extension(
+            "datamount.read._buffers",
+            sources=["src/datamount/read/_buffers.c"],
+            extra_compile_args=CFLAGS,
+            extra_link_args=LDFLAGS,
+        ),
     ]
 )

@@ -64,8 +64,9 @@ from datamount.write.journal import Leftovers, died_message
 log = logging.getLogger("datamount.mountd")
 
 # The daemon's own environment on top of the one it inherits: it multiplies no
-# matrices, yet numpy (read/copy.py) would start one OpenBLAS thread per core,
-# which spin at start (docs/production.md, "What a mount costs at start").
+# matrices, yet an eval_mount's daemon loads numpy (mltable.evalmode), whose
+# OpenBLAS would start one thread per core that spins at start
+# (docs/production.md, "What a mount costs at start").
 DAEMON_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 READY_TIMEOUT = 60.0  # a mount answers in well under a second; a loaded node may be slow
 STATS_INTERVAL = 5.0

@@ -63,7 +63,7 @@ RUN_BYTES = 8 * 1024 * 1024
 def block_buffer(size: int) -> memoryview:
     """A fetched block's own buffer, filled straight from the socket and then
     kept, read-only, by the caches (no copy out of a shared request buffer).
-    Uninitialised memory (numpy.empty: malloc without a memset), so a freed
+    Uninitialised memory (malloc without a memset), so a freed
     block's heap memory is reused as it is and fresh pages are first touched
     inside the socket read, which runs without the GIL; page-aligned from
     64 KiB, so the disk tier writes it with O_DIRECT without a copy (read/copy.py

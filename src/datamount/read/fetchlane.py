@@ -7,8 +7,8 @@ flight, the budget and part reads. Why: docs/design/lane.md ("Why a lane at all"
 - `read_into(obj, offset, buffers)` is a blocking call of a fetch thread (for
   a request of at most `slab_size` bytes: one block, or `run_blocks`): it
   takes a free slab of one shared memory map, sends the task to the slab's
-  worker, waits, and copies the slab into the blocks' buffers (numpy, without
-  the GIL). Each worker has `threads` slabs: never more tasks than threads.
+  worker, waits, and copies the slab into the blocks' buffers (read/copy.py,
+  without the GIL). Each worker has `threads` slabs: never more tasks than threads.
 - With the disk tier on, the worker also writes each block's file (whole
   under its final name or not at all) into room the DiskCache reserved
   (`write_elsewhere`), indexed before the call returns, so the fetcher's

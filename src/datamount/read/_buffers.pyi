@@ -1,0 +1,9 @@
+# The C module src/datamount/read/_buffers.c (read/copy.py is its Python face).
+from typing_extensions import Buffer
+
+GIL_FREE_MIN: int
+PAGE: int
+
+def empty(size: int, /) -> memoryview: ...
+def copy_into(dst: Buffer, src: Buffer, /) -> None: ...
+def address(buffer: Buffer, /) -> int: ...
