@@ -184,7 +184,10 @@ def test_streams_keep_to_their_share_of_the_census_budget() -> None:
     feed(alone, 40, 40)
     assert census.streams == 8
     assert alone.window == 3  # shrunk to its share
-    for table in [alone, *tables]:
+    small = StreamTable(1, 32, census=census)  # one block: nothing to prefetch, no share
+    feed(small, 0, 0)
+    assert census.streams == 8
+    for table in [alone, *tables, small]:
         table.close()
     assert census.streams == 0
     with pytest.raises(ValueError, match="blocks"):

@@ -27,7 +27,7 @@ each with its own window (as the kernel keeps readahead state per stream):
   streams. Without it, the first streams to widen their windows take the
   whole budget and the others fall back to one-block demand reads (the
   per-request cost, not the bytes, bounds those: docs/design/ro_mount.md,
-  "Several streams share the budget").
+  "Several streams share the prefetch budget").
 
 So one stream behaves as one PrefetchPolicy, and a random reader
 prefetches about as little as with one.
@@ -89,7 +89,8 @@ class StreamTable:
         self.batch = batch
         self.slack = slack
         self.max_streams = max_streams
-        self.census = census
+        # A file of one block has nothing to prefetch: its reader takes no share.
+        self.census = census if block_count > 1 else None
         # Reads no stream took, counted since a stream's last read: a stream
         # outlives this many (only random reads, or new streams, make them).
         self.idle_reads = 2 * max_streams if idle_reads is None else idle_reads
