@@ -92,7 +92,9 @@ def _errno_of(call) -> int:  # noqa: ANN001
 class Reader(threading.Thread):
     """Reads `path` whole, over and over, through O_DIRECT handles (every
     byte from the daemon); on an error it records the errno, reopens and
-    goes on at the same offset. `passes` counts whole reads, each compared."""
+    goes on at the same offset. `passes` counts whole reads, each compared.
+    `pause()` stops it after a read, with its handle open, until `resume()`:
+    so a death can be made to land on an open handle every time."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(name="reader", daemon=True)
@@ -103,6 +105,9 @@ class Reader(threading.Thread):
         self.passes = 0
         self.wrong = 0
         self.done = threading.Event()
+        self._pause = threading.Event()  # asked: stop after the next read
+        self._paused = threading.Event()  # stopped, its handle open
+        self._resume = threading.Event()
 
     def run(self) -> None:
         while not self.done.is_set():
@@ -112,6 +117,15 @@ class Reader(threading.Thread):
             self.passes += 1
             if data != BODY:
                 self.wrong += 1
+
+    def pause(self) -> None:
+        """Return once the reader stopped after a read, its handle open."""
+        self._paused.clear()
+        self._pause.set()
+        assert self._paused.wait(30), "the reader never stopped"
+
+    def resume(self) -> None:
+        self._resume.set()
 
     def _read_whole(self) -> bytes | None:
         parts: list[bytes] = []
@@ -127,6 +141,11 @@ class Reader(threading.Thread):
                 while chunk := os.pread(fd, 4 * BS, offset):
                     parts.append(chunk)
                     offset += len(chunk)
+                    if self._pause.is_set():
+                        self._pause.clear()
+                        self._paused.set()
+                        self._resume.wait()
+                        self._resume.clear()
                 return b"".join(parts)
             except OSError as exc:
                 self.errors.append(exc.errno or 0)
@@ -143,10 +162,16 @@ class Reader(threading.Thread):
 
 
 def kill_and_wait_back(mounts: Mounts, mp: Path, reader: Reader) -> int:
-    """SIGKILL the daemon, wait for a new one to serve and for the reader to
-    finish two more whole passes; the dead daemon's pid."""
+    """SIGKILL the daemon while the reader holds a handle it has read
+    through, wait for a new daemon to serve and for the reader to finish two
+    more whole passes; the dead daemon's pid."""
     pid = mounts.daemon(mp)
-    os.kill(pid, signal.SIGKILL)
+    reader.pause()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: not alive(pid), 30), "the daemon outlived SIGKILL"
+    finally:
+        reader.resume()
     assert wait_for(lambda: serving_again(mounts.cache_dir, mp, pid), 30), "not mounted again"
     passes = reader.passes
     assert wait_for(lambda: reader.passes >= passes + 2, 30), "the reader made no progress"
@@ -246,7 +271,8 @@ def test_three_kills_under_a_reader_every_byte_exact_and_the_cache_reused(
     # (the kernel aborted the connection), every later call with ENOTCONN, as
     # do opens on the stale mount; an open in the instant between its detach
     # and the new mount sees the empty folder under it (ENOENT).
-    assert reader.failed_reads and set(reader.failed_reads) <= {errno.ECONNABORTED, errno.ENOTCONN}
+    assert len(reader.failed_reads) == 3  # one per death: each landed on an open handle
+    assert set(reader.failed_reads) <= {errno.ECONNABORTED, errno.ENOTCONN}
     assert set(reader.read_again) == {errno.ENOTCONN}  # the handle stays dead: reopen
     assert errno.ENOTCONN in reader.errors
     assert set(reader.errors) <= {errno.ENOTCONN, errno.ECONNABORTED, errno.ENOENT}
