@@ -22,20 +22,17 @@ GIL_FREE_MIN = _buffers.GIL_FREE_MIN
 PAGE = _buffers.PAGE  # O_DIRECT's alignment of a buffer's address, offset and length
 
 
-def empty(size: int) -> memoryview:
-    """A writable buffer of `size` uninitialised bytes (malloc without a
-    memset). From GIL_FREE_MIN bytes it starts on a page, so an O_DIRECT
-    write can take it without a copy into an aligned buffer
-    (docs/design/cache.md, "O_DIRECT block files")."""
-    return _buffers.empty(size)
+# empty(size): a writable memoryview of `size` uninitialised bytes (malloc
+# without a memset). From GIL_FREE_MIN bytes it starts on a page, so an
+# O_DIRECT write can take it without a copy into an aligned buffer
+# (docs/design/cache.md, "O_DIRECT block files").
+# copy_into(dst, src): dst[:] = src (equal lengths, else ValueError), without
+# the GIL for large copies.
+# Both are the C functions themselves: no Python frame on the read path.
+empty = _buffers.empty
+copy_into = _buffers.copy_into
 
 
 def page_aligned(view: BlockData) -> bool:
     """Whether `view` starts on a page."""
     return _buffers.address(view) % PAGE == 0
-
-
-def copy_into(dst: memoryview, src: BlockData) -> None:
-    """dst[:] = src (equal lengths, else ValueError), without the GIL for
-    large copies."""
-    _buffers.copy_into(dst, src)
