@@ -20,7 +20,9 @@ datamount.data's FileDataset in listing order, shuffled, and shuffled with the o
 sequentially, B by 8 threads; a first mount reads until every block is on disk, then unmount,
 drop the page cache, mount again over that cache folder; 18 and 19 with the cache on a tmpfs;
 root only) against "cache files", the block files themselves read by the same reader after
-dropping the page cache (issue 27). Around each workload:
+dropping the page cache (issue 27), 20 all of B by 1 thread in listing order with a 4 ms
+step after each file (a training loop the file-ahead prefetch keeps ahead of: its files open
+natively, issue 27). Around each workload:
 the daemon's CPU and peak RSS (/proc/<pid>/stat, VmHWM reset first), its stats file's
 bytes_fetched, and the bytes Azurite sent (/proc io). Baselines: `datamount download` of
 A and B, the downloaded A from local disk (evicted with posix_fadvise) and page cache,
@@ -37,7 +39,7 @@ delay line (_delay.py: D ms each way, 2 x D more on a new connection) between da
 and Azurite, as a cloud store's latency (in-region blob storage: ~5-20 ms); fsspec's
 FUSE is not behind it.
 
-Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,19] [--repeat N]
+Usage: benchmarks/mount.py [--datasets A,B,L] [--workloads 1,...,20] [--repeat N]
                            [--scale 0.1] [--keep] [--no-fsspec] [--http] [--no-gil]
                            [--delay-ms D]
                            [--datamount-env NAME=VALUE ...]
@@ -94,10 +96,10 @@ NAMES = {1: "1 cold sequential", 2: "2 warm re-read", 3: "3 random 64 KiB",
          10: "10 sparse random", 11: "11 A, 8 parts 1 fd", 12: "12 A, 8 parts 8 fds",
          13: "13 B, loader list", 14: "14 B, loader shuf", 15: "15 B, loader hint",
          16: "16 A recached", 17: "17 B recached", 18: "18 A recached tmpfs",
-         19: "19 B recached tmpfs"}  # fmt: skip
+         19: "19 B recached tmpfs", 20: "20 B, 1 thr, step"}  # fmt: skip
 NEEDS = {1: "A", 2: "A", 3: "A", 4: "B", 5: "B", 6: "L", 7: "B", 8: "B", 9: "B", 10: "A",
          11: "A", 12: "A", 13: "B", 14: "B", 15: "B", 16: "A", 17: "B", 18: "A",
-         19: "B"}  # fmt: skip
+         19: "B", 20: "B"}  # fmt: skip
 # Workloads 16-19 (issue 27): a restarted job reading what the previous mount cached. A first
 # mount reads the data until every block is in its disk tier; unmount, drop the page cache,
 # mount again over the same cache folder and read it all (A sequentially, B by 8 threads);
@@ -125,10 +127,13 @@ BY_BYTES = (
     17,
     18,
     19,
+    20,
 )  # rated in MB/s (the others in ops/s)
 # Workloads 7-9 (issues 16 and 14): one reader thread over B in listing order, in a
-# seeded shuffled order, and in that order told to the daemon first (a loader hint).
-ONE_THREAD = {7: "listing", 8: "shuffled", 9: "hinted"}
+# seeded shuffled order, and in that order told to the daemon first (a loader hint);
+# 20 (issue 27): in listing order with a STEP after each file.
+ONE_THREAD = {7: "listing", 8: "shuffled", 9: "hinted", 20: "stepped"}
+STEP = 0.004  # seconds: a training step per file, so that the prefetch gets ahead
 ORDER = ("datamount", "download", "local cache", "local disk", "cache files", "fsspec FUSE")
 
 
@@ -198,14 +203,18 @@ def reader(kind: str, path: Path, args: list[str]) -> dict:
         entries = [line.split("\t") for line in Path(args[0]).read_text().splitlines()]
         threads = int(args[1]) if len(args) > 1 else THREADS
         order = args[2] if len(args) > 2 else "listing"
-        if order != "listing":
+        step = STEP if order == "stepped" else 0.0
+        if order not in ("listing", "stepped"):
             random.Random(SEED).shuffle(entries)
         if order == "hinted":  # the daemon's hint socket, as datamount.data.hint sends it
             send_hint(path, [rel for rel, _ in entries])
 
         def get(rel: str) -> bytes:
             with open(path / rel, "rb", buffering=0) as f:
-                return f.read()
+                data = f.read()
+            if step:
+                time.sleep(step)
+            return data
 
         with ThreadPoolExecutor(threads) as pool:
             datas = list(pool.map(get, [rel for rel, _ in entries]))
@@ -880,8 +889,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--datasets", default="A,B,L", help="comma-separated: A, B, L")
     parser.add_argument(
         "--workloads",
-        default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19",
-        help="comma-separated: 1 to 19",
+        default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
+        help="comma-separated: 1 to 20",
     )
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
@@ -920,7 +929,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     wanted = {w.strip() for w in opts.workloads.split(",") if w.strip()}
     opts.workloads = sorted(w for w in NAMES if str(w) in wanted and NEEDS[w] in sets)
     if sets - set("ABL") or wanted - set(map(str, NAMES)) or not opts.workloads:
-        parser.error("--datasets takes A, B, L and --workloads 1 to 19 (one of them needing them)")
+        parser.error("--datasets takes A, B, L and --workloads 1 to 20 (one of them needing them)")
     if opts.repeat < 1 or not 0 < opts.scale <= 1 or not 0 <= opts.delay_ms <= 1000:
         parser.error("--repeat >= 1, 0 < --scale <= 1 and 0 <= --delay-ms <= 1000")
     return opts

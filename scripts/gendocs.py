@@ -492,7 +492,7 @@ shrinks them (never B's file size).
   azure-storage-blob, each into a fresh Azurite. Every byte written is checked
   against its digest. Options: `--datasets A,B,C`, `--scale`, `--repeat N`
   (best of N), `--only download|upload`, `--http`, `--no-gil`, `--keep`.
-- **`benchmarks/mount.py`**: nineteen workloads through a `datamount mount`, each on a
+- **`benchmarks/mount.py`**: twenty workloads through a `datamount mount`, each on a
   fresh mount: 1 cold sequential read of A in 1 MiB reads, 2 its warm re-read,
   3 2,000 seeded random 64 KiB preads of A, 4 all of B by 8 threads,
   5 `os.walk` + stat of B, 6 the first `os.scandir` entry of L against the full
@@ -506,14 +506,16 @@ shrinks them (never B's file size).
   every block is in its disk tier, then unmount, drop the page cache, mount
   again over the same cache folder and read it all (A sequentially, B by 8
   threads); 18 and 19 with the cache folder on a tmpfs (dropping the page
-  cache and mounting a tmpfs need root). Baselines: `datamount
+  cache and mounting a tmpfs need root), 20 all of B by 1 thread in listing
+  order with a 4 ms step after each file (a training loop the file-ahead
+  prefetch keeps ahead of: its files open natively). Baselines: `datamount
   download` of the same data, the downloaded file from the local disk and from
   the page cache, fsspec's FUSE over adlfs, and for 16 to 19 the cache's
   block files themselves read by the same reader after dropping the page
   cache ("cache files"). For 16 to 19 it prints files/s or GB/s, the daemon's
   CPU per file and the ratio to the cache files. Around each workload it reads
   the daemon's CPU, peak RSS, its bytes fetched, and the bytes Azurite sent.
-  Options: `--datasets A,B,L`, `--workloads 1,...,19`, `--scale`, `--repeat`,
+  Options: `--datasets A,B,L`, `--workloads 1,...,20`, `--scale`, `--repeat`,
   `--no-fsspec`, `--delay-ms D` (a delay line between datamount and Azurite),
   `--http`, `--no-gil`, `--isolate`,
   `--datamount-env NAME=VALUE` (repeatable: a setting for every datamount run,

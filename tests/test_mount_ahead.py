@@ -30,9 +30,11 @@ WINDOW = 768 * 1024
 READ = 40  # the reader stops halfway: what it did not read must not be fetched
 
 
-def mount(azurite, container, tmp_path: Path, mounts: Mounts) -> tuple[Path, dict[str, str]]:  # noqa: ANN001
+def mount(
+    azurite, container, tmp_path: Path, mounts: Mounts, **settings: str
+) -> tuple[Path, dict[str, str]]:  # noqa: ANN001, E501
     azurite.seed(container, BLOBS)
-    env = mount_env(azurite, tmp_path, container.container_name, **ENV)
+    env = mount_env(azurite, tmp_path, container.container_name, **ENV, **settings)
     spec = spec_file(tmp_path, "input", "uri_folder", "azureml://datastores/store/paths/ahead/")
     mp = mounts.point(tmp_path / "mnt")
     out = datamount("mount", str(spec), str(mp), env=env)
@@ -47,11 +49,15 @@ def read_all(mp: Path, names: list[str]) -> None:
 
 
 def unmount(mounts: Mounts, mp: Path, env: dict[str, str]) -> dict:
+    return unmount_all(mounts, mp, env)["cache"]
+
+
+def unmount_all(mounts: Mounts, mp: Path, env: dict[str, str]) -> dict:
     out = datamount("unmount", str(mp), env=env)
     assert out.returncode == 0, out.stderr
     assert wait_for(lambda: not mounted(mp))
     assert wait_for(lambda: mounts.stats("input", mp).get("fs", {}).get("open_files") == 0)
-    return mounts.stats("input", mp)["cache"]
+    return mounts.stats("input", mp)
 
 
 def size_of(names: list[str]) -> int:
@@ -69,6 +75,37 @@ def test_listing_order_fetches_the_next_files_ahead(azurite, container, tmp_path
     assert stats["files_prefetch_used"] >= READ // 2  # fetched before their open
     assert stats["bytes_fetched"] <= size_of(NAMES[:READ]) + WINDOW
     assert stats["hinted_files"] == 0
+
+
+@pytest.mark.fuse
+def test_files_fetched_ahead_open_natively_and_make_way_for_the_next(
+    azurite,
+    container,
+    tmp_path,
+    mounts,  # noqa: ANN001
+) -> None:
+    # A prefetch share of 6 blocks (8 x 64 KiB x 0.75): 24 of these files at
+    # most fetched ahead and unread. The native loop opens and reads them
+    # from the disk tier, never through the fetcher: its hold must let them
+    # go at their open, or the next ones wait HOLD_SECONDS (30 s).
+    mp, env = mount(azurite, container, tmp_path, mounts, DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT="8")
+    try:
+        read_all(mp, NAMES)
+    finally:
+        stats = unmount_all(mounts, mp, env)
+    cache, fs = stats["cache"], stats["fs"]
+    # The first 3 opens start the folder order; every later file was fetched
+    # ahead (a few may still be in flight when their open comes).
+    assert cache["files_prefetch_used"] >= N - 8, cache
+    assert cache["prefetch_used"] == cache["files_prefetch_used"]
+    assert cache["bytes_fetched"] == size_of(NAMES)
+    # Their block written, the native loop was told where: opened, read and
+    # released with no call into Python.
+    assert fs["native_prefetched"] >= N - 8, fs
+    assert fs["native_opens"] >= N - 12, fs
+    assert fs["opens"] == N
+    # (and a few for the mount itself: its root's stat, the folder's first lookup)
+    assert fs["python_calls"] <= 3 * (N - fs["native_opens"]) + 5, fs
 
 
 def shuffled() -> list[str]:

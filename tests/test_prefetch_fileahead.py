@@ -14,6 +14,7 @@ from datamount.fs.namespace import Namespace
 from datamount.fs.ops import ReadOnlyFS
 from datamount.mount.stack import MountReader, file_ahead
 from datamount.read.ahead import FileAhead
+from datamount.read.blocks import BlockKey
 from datamount.read.cache.ram import MemoryCache
 from datamount.read.fetch import BlockFetcher
 from datamount.read.prefetch.fileahead import AheadPlan, FolderOrder
@@ -275,6 +276,46 @@ def test_a_spent_budget_holds_files_back_until_the_next_opens() -> None:
             assert rig.read(f"d/{name}") == files[f"data/d/{name}"]
         assert rig.stats.files_prefetched > taken  # the rest came as the reader advanced
         assert rig.stats.bytes_fetched == sum(len(v) for v in files.values())
+    finally:
+        rig.close()
+
+
+def test_files_read_from_the_disk_tier_make_way_and_small_ones_are_announced() -> None:
+    """The native FUSE loop reads a prefetched file from the disk tier, never
+    through the fetcher: at the file's open its held blocks count as read and
+    make way (else the hold keeps them HOLD_SECONDS and the window stays full);
+    a one-block file is announced once, when its block file is written."""
+    files = {f"data/d/{n}": random.Random(n).randbytes(BS - 7) for n in NAMES[:30]}
+    files["data/d/zbig"] = random.Random(1).randbytes(2 * BS)
+    rig = Rig(files, budget=8 * BS)  # the prefetch share: 6 blocks
+    rig.ahead.close()
+    resolve = rig.ahead._resolve
+    announced: list[str] = []
+    ahead = FileAhead(rig.fetcher, rig.stats, resolve, None, max_files=10, max_bytes=100 * BS,
+                      on_disk=lambda key: True)  # fmt: skip
+    ahead.on_cached = lambda path, obj: announced.append(path)
+    rig.ahead, rig.fs.on_open = ahead, ahead.opened
+    rels = [f"d/{n}" for n in NAMES[:30]]
+    try:
+        ahead.hint(rels)
+        for rel in rels:
+            ahead.wait_idle()
+            wait_quiet(rig.scheduler)
+            obj = resolve(rel)
+            assert obj is not None
+            ahead.written(BlockKey(obj, 0))  # the disk tier wrote it...
+            ahead.written(BlockKey(obj, 0))  # ...(told once)
+            opened = rig.fs.open("/" + rel, 0)  # ...and the native loop reads it there
+            rig.fs.release(opened.fh)
+        ahead.wait_idle()
+        big = resolve("d/zbig")
+        assert big is not None
+        ahead.written(BlockKey(big, 0))  # not fetched ahead, and of two blocks
+        snap = rig.stats.snapshot()
+        assert announced == rels
+        assert snap["files_prefetched"] == snap["files_prefetch_used"] == 30
+        assert snap["prefetch_used"] == 30
+        assert snap["bytes_fetched"] == 30 * (BS - 7)
     finally:
         rig.close()
 

@@ -14,7 +14,11 @@
  * data; then plain preads, and the next block files asked into the page
  * cache ahead of a sequential reader); open and release of a one-block file
  * whose block the table knows, with its block checked at the first read and
- * a Python handle pinned to that same version opened on the first miss.
+ * a Python handle pinned to that same version opened on the first miss. The
+ * table learns where such a block is from lookups and listings, and from the
+ * file-ahead prefetch once it has written the block (Session.cached); the
+ * native opens of those files are logged for the prefetch, which takes them
+ * in batches (Session.take_opens, woken by an eventfd).
  *
  * The inode table: one node per name the kernel or a listing was told of,
  * numbered from 1 (the root) upwards and never reused or freed for the
@@ -60,6 +64,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,6 +78,9 @@
 
 #define MAX_IO (1024 * 1024) /* FUSE_MAX_MAX_PAGES (256) x 4 KiB */
 #define NEVER INT64_MAX
+/* native opens of prefetched files waiting for Session.take_opens; beyond,
+ * the oldest are dropped (the prefetch only loses look-ahead) */
+#define OPENS_MAX 4096
 
 /* -- the inode table ------------------------------------------------------ */
 
@@ -94,6 +103,7 @@ struct node {
     gid_t gid;
     struct blocks *desc; /* a one-block file whose block is in the disk tier: opened natively */
     int kernel_has;      /* a native open of `desc`'s version happened: keep_cache */
+    int ahead;           /* `desc` came from the file-ahead prefetch: report its next native open */
     int open_count;      /* open handles (atomic): an unlinked open file is hidden */
     int hidden;          /* renamed to a hidden name while open; unlinked at its last release */
     int detached;        /* its name is gone (unlinked, renamed over): no path */
@@ -658,6 +668,16 @@ typedef struct {
     uint64_t native_reads;
     uint64_t native_read_bytes;
     uint64_t python_calls;
+    uint64_t native_prefetched; /* files Session.cached handed over */
+    /* native opens of prefetched files, for Session.take_opens: the
+     * file-ahead prefetch follows every open (`opens_fd` becomes readable
+     * when the log is no longer empty) */
+    pthread_mutex_t opens_lock;
+    fuse_ino_t opens[OPENS_MAX];
+    size_t n_opens;
+    uint64_t opens_dropped;
+    int opens_fd;         /* an eventfd; -1 before init */
+    int opens_closed;     /* exit() was called: take_opens answers None */
 } Session;
 
 /* -- the GIL: one kept thread state per libfuse worker ---------------------- */
@@ -1360,6 +1380,25 @@ static int close_file(Session *s, struct open_file *of)
     return err;
 }
 
+/* a native open of a prefetched file, for Session.take_opens */
+static void opens_push(Session *s, fuse_ino_t ino)
+{
+    pthread_mutex_lock(&s->opens_lock);
+    if (s->n_opens == OPENS_MAX) { /* nobody took them: drop the oldest */
+        memmove(s->opens, s->opens + 1, (OPENS_MAX - 1) * sizeof(*s->opens));
+        s->n_opens--;
+        s->opens_dropped++;
+    }
+    s->opens[s->n_opens++] = ino;
+    int wake = s->n_opens == 1;
+    pthread_mutex_unlock(&s->opens_lock);
+    if (wake) {
+        uint64_t one = 1;
+        if (write(s->opens_fd, &one, sizeof(one)) < 0) { /* (an eventfd does not fail here) */
+        }
+    }
+}
+
 static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     Session *s = fuse_req_userdata(req);
@@ -1371,7 +1410,7 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     pthread_mutex_init(&of->lock, NULL);
     of->ino = ino;
     of->flags = fi->flags;
-    int keep = 0;
+    int keep = 0, report = 0;
 
     /* a one-block file whose block is on disk, attributes fresh: no Python */
     pthread_rwlock_rdlock(&s->table.lock);
@@ -1380,10 +1419,13 @@ static void ll_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         if (S_ISREG(n->mode) && n->desc && node_fresh(n) &&
             (fi->flags & O_ACCMODE) == O_RDONLY && (of->blocks = blocks_clone(n->desc))) {
             keep = __atomic_exchange_n(&n->kernel_has, 1, __ATOMIC_RELAXED);
+            report = __atomic_exchange_n(&n->ahead, 0, __ATOMIC_RELAXED);
             __atomic_add_fetch(&s->native_opens, 1, __ATOMIC_RELAXED);
         }
     }
     pthread_rwlock_unlock(&s->table.lock);
+    if (report)
+        opens_push(s, ino);
     if (!of->blocks) {
         int err = python_open(s, of, ino, &keep);
         if (err) {
@@ -2114,6 +2156,14 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
         PyErr_NoMemory();
         return -1;
     }
+    if (self->opens_fd < 0) {
+        self->opens_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (self->opens_fd < 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        pthread_mutex_init(&self->opens_lock, NULL);
+    }
     Py_INCREF(ops);
     self->ops = ops;
     self->timeout = timeout;
@@ -2182,7 +2232,125 @@ static PyObject *Session_exit(Session *self, PyObject *Py_UNUSED(ignored))
         if (__atomic_load_n(&self->looping, __ATOMIC_ACQUIRE))
             pthread_kill(self->loop_thread, SIGUSR1);
     }
+    if (self->opens_fd >= 0) { /* take_opens answers None from now on */
+        pthread_mutex_lock(&self->opens_lock);
+        self->opens_closed = 1;
+        pthread_mutex_unlock(&self->opens_lock);
+        uint64_t one = 1;
+        if (write(self->opens_fd, &one, sizeof(one)) < 0) { /* (an eventfd does not fail here) */
+        }
+    }
     Py_RETURN_NONE;
+}
+
+/* lock held (either way): the node of a path ('/a/b'), 0 when the table has none */
+static fuse_ino_t table_walk(struct table *t, const char *path, size_t len)
+{
+    fuse_ino_t ino = t->nodes ? FUSE_ROOT_ID : 0;
+    for (size_t at = 0; ino && at < len;) {
+        while (at < len && path[at] == '/')
+            at++;
+        size_t end = at;
+        while (end < len && path[end] != '/')
+            end++;
+        if (end > at)
+            ino = table_find(t, ino, path + at, end - at);
+        at = end;
+    }
+    return ino;
+}
+
+static PyObject *Session_cached(Session *self, PyObject *args)
+{
+    /* the file-ahead prefetch put a one-block file's block in the disk tier:
+     * its next open is native (and reported to take_opens) when the table
+     * holds that file with fresh attributes of the same size */
+    char *path;
+    Py_ssize_t len;
+    PyObject *desc;
+    if (!PyArg_ParseTuple(args, "y#O", &path, &len, &desc))
+        return NULL;
+    if (self->writable)
+        Py_RETURN_FALSE;
+    struct blocks *b = blocks_from(desc);
+    if (!b || b->count != 1) {
+        blocks_free(b);
+        Py_RETURN_FALSE;
+    }
+    int taken = 0;
+    pthread_rwlock_wrlock(&self->table.lock);
+    fuse_ino_t ino = table_walk(&self->table, path, (size_t)len);
+    struct node *n = ino ? self->table.nodes[ino] : NULL;
+    if (n && S_ISREG(n->mode) && node_fresh(n) && n->size == b->size && !n->desc) {
+        n->desc = b;
+        n->ahead = 1;
+        taken = 1;
+        self->native_prefetched++; /* (the table's write lock held) */
+    }
+    pthread_rwlock_unlock(&self->table.lock);
+    if (!taken)
+        blocks_free(b);
+    return PyBool_FromLong(taken);
+}
+
+static PyObject *Session_take_opens(Session *self, PyObject *arg)
+{
+    /* the paths (bytes) natively opened since the last call, oldest first,
+     * waiting up to `arg` seconds for one (GIL released); [] on timeout,
+     * None once exit() was called */
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (self->opens_fd < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "not set up");
+        return NULL;
+    }
+    int ms = timeout <= 0 ? 0 : timeout > 3600 ? 3600000 : (int)(timeout * 1000);
+    fuse_ino_t *inos = malloc(OPENS_MAX * sizeof(*inos));
+    char **paths = calloc(OPENS_MAX, sizeof(*paths));
+    size_t *lens = calloc(OPENS_MAX, sizeof(*lens));
+    if (!inos || !paths || !lens) {
+        free(inos);
+        free(paths);
+        free(lens);
+        return PyErr_NoMemory();
+    }
+    size_t n = 0;
+    int closed;
+    Py_BEGIN_ALLOW_THREADS
+    struct pollfd pfd = {.fd = self->opens_fd, .events = POLLIN};
+    if (poll(&pfd, 1, ms) > 0) {
+        uint64_t count;
+        if (read(self->opens_fd, &count, sizeof(count)) < 0) { /* (EAGAIN: taken already) */
+        }
+    }
+    pthread_mutex_lock(&self->opens_lock);
+    closed = self->opens_closed;
+    n = self->n_opens;
+    memcpy(inos, self->opens, n * sizeof(*inos));
+    self->n_opens = 0;
+    pthread_mutex_unlock(&self->opens_lock);
+    pthread_rwlock_rdlock(&self->table.lock);
+    for (size_t i = 0; i < n; i++) {
+        int err = 0;
+        paths[i] = table_path(&self->table, inos[i], &lens[i], &err);
+    }
+    pthread_rwlock_unlock(&self->table.lock);
+    Py_END_ALLOW_THREADS
+    PyObject *out = closed && n == 0 ? Py_NewRef(Py_None) : PyList_New(0);
+    for (size_t i = 0; i < n; i++) {
+        if (out && out != Py_None && paths[i]) {
+            PyObject *p = PyBytes_FromStringAndSize(paths[i], (Py_ssize_t)lens[i]);
+            if (!p || PyList_Append(out, p) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(p);
+        }
+        free(paths[i]);
+    }
+    free(inos);
+    free(paths);
+    free(lens);
+    return out;
 }
 
 static PyObject *Session_forget(Session *self, PyObject *arg)
@@ -2194,17 +2362,7 @@ static PyObject *Session_forget(Session *self, PyObject *arg)
     if (PyBytes_AsStringAndSize(arg, &path, &len) < 0)
         return NULL;
     pthread_rwlock_wrlock(&self->table.lock);
-    fuse_ino_t ino = self->table.nodes ? FUSE_ROOT_ID : 0;
-    for (Py_ssize_t at = 0; ino && at < len;) {
-        while (at < len && path[at] == '/')
-            at++;
-        Py_ssize_t end = at;
-        while (end < len && path[end] != '/')
-            end++;
-        if (end > at)
-            ino = table_find(&self->table, ino, path + at, (size_t)(end - at));
-        at = end;
-    }
+    fuse_ino_t ino = table_walk(&self->table, path, (size_t)len);
     if (ino) {
         struct node *n = self->table.nodes[ino];
         n->has_attr = 0;
@@ -2220,9 +2378,10 @@ static PyObject *Session_counters(Session *self, PyObject *Py_UNUSED(ignored))
 {
     pthread_rwlock_rdlock(&self->table.lock);
     unsigned long long nodes = self->table.count;
+    unsigned long long prefetched = self->native_prefetched;
     pthread_rwlock_unlock(&self->table.lock);
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsK}", "native_opens",
+        "{sKsKsKsKsKsKsKsK}", "native_opens",
         (unsigned long long)__atomic_load_n(&self->native_opens, __ATOMIC_RELAXED),
         "native_lookups",
         (unsigned long long)__atomic_load_n(&self->native_lookups, __ATOMIC_RELAXED),
@@ -2233,8 +2392,8 @@ static PyObject *Session_counters(Session *self, PyObject *Py_UNUSED(ignored))
         "native_read_bytes",
         (unsigned long long)__atomic_load_n(&self->native_read_bytes, __ATOMIC_RELAXED),
         "python_calls",
-        (unsigned long long)__atomic_load_n(&self->python_calls, __ATOMIC_RELAXED), "inodes",
-        nodes);
+        (unsigned long long)__atomic_load_n(&self->python_calls, __ATOMIC_RELAXED),
+        "native_prefetched", (unsigned long long)prefetched, "inodes", nodes);
 }
 
 static void Session_dealloc(Session *self)
@@ -2246,8 +2405,20 @@ static void Session_dealloc(Session *self)
         self->se = NULL;
     }
     table_free(&self->table);
+    if (self->opens_fd >= 0) {
+        close(self->opens_fd);
+        pthread_mutex_destroy(&self->opens_lock);
+    }
     Py_XDECREF(self->ops);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Session_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Session *self = (Session *)PyType_GenericNew(type, args, kwds);
+    if (self)
+        self->opens_fd = -1;
+    return (PyObject *)self;
 }
 
 static PyMethodDef Session_methods[] = {
@@ -2257,6 +2428,12 @@ static PyMethodDef Session_methods[] = {
      "End the loop from any thread (it returns once its workers stopped)."},
     {"forget", (PyCFunction)Session_forget, METH_O,
      "Drop what the table knows of a path (bytes): its version changed in storage."},
+    {"cached", (PyCFunction)Session_cached, METH_VARARGS,
+     "cached(path, blocks): the file-ahead prefetch put a one-block file on disk; "
+     "True when its next open is native."},
+    {"take_opens", (PyCFunction)Session_take_opens, METH_O,
+     "take_opens(timeout): the paths of prefetched files opened natively since the last "
+     "call (waits up to timeout s, GIL released); None once exit() was called."},
     {"counters", (PyCFunction)Session_counters, METH_NOARGS,
      "What the native side answered without Python, the calls into Python, the inodes."},
     {NULL, NULL, 0, NULL},
@@ -2267,7 +2444,7 @@ static PyTypeObject SessionType = {
     .tp_basicsize = sizeof(Session),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A FUSE session on libfuse3's low-level API, mounted at creation.",
-    .tp_new = PyType_GenericNew,
+    .tp_new = Session_new,
     .tp_init = (initproc)Session_init,
     .tp_dealloc = (destructor)Session_dealloc,
     .tp_methods = Session_methods,

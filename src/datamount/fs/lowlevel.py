@@ -7,7 +7,9 @@ from its inode table what needs no decision: a lookup or getattr of a name it
 holds attributes of (from an earlier lookup, a listing, or the whole folder
 a lookup listed), forget, the inode numbers of listings, reads of files the
 disk tier holds whole (their block files, checked), and open / release of
-one-block files the disk tier holds. Everything else comes here, one call
+one-block files the disk tier holds (the file-ahead prefetch tells it of
+those it fetched: `native_cached`; their opens come back in batches to
+`fs.on_open`, `_report_opens`). Everything else comes here, one call
 per request with the GIL held: `Ops` turns it into a ReadOnlyFS call and
 every failure into a negative errno through the funnel (`fs.funnel`); its
 answers carry, for one-block cached files, where the block is
@@ -348,6 +350,14 @@ class Loop:
         self.session.exit()
 
 
+def _report_opens(session: Session, on_open: Callable[[str], None]) -> None:
+    """The file-ahead prefetcher follows every open: the native loop's opens
+    of the files it prefetched come here in batches, one call per batch."""
+    while (paths := session.take_opens(1.0)) is not None:
+        for path in paths:
+            on_open(os.fsdecode(path))
+
+
 def _options(fs: ReadOnlyFS, fsname: str) -> str:
     def escape(value: str) -> str:
         return value.replace("\\", "\\\\").replace(",", "\\,")
@@ -385,7 +395,22 @@ def run(
         raise MountFailed(str(exc)) from None
     fs.native_counters = session.counters
     fs.on_stale = lambda path: session.forget(os.fsencode(path))
+    reporter = None
+    if fs.writes is None:
+        fs.native_cached = lambda path, blocks: session.cached(os.fsencode(path), blocks)
+        if fs.on_open is not None:
+            reporter = threading.Thread(
+                target=_report_opens, args=(session, fs.on_open), name="datamount-native-opens",
+                daemon=True,
+            )  # fmt: skip
+            reporter.start()
     adapter_ready(Loop(session))
-    status = session.loop()
+    try:
+        status = session.loop()
+    finally:
+        fs.native_cached = None
+        if reporter is not None:
+            session.exit()  # take_opens answers None: the reporter ends
+            reporter.join(5.0)
     if status not in (0, None):
         raise MountFailed(f"libfuse ended with status {status}")

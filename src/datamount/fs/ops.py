@@ -118,6 +118,9 @@ class ReadOnlyFS:
     # Told the path of a file found stale (its version changed in storage):
     # the native loop drops what it knows of it, so the next open asks again.
     on_stale: Callable[[str], None] | None = None
+    # Told (path, blocks) of a one-block file the file-ahead prefetch put on
+    # disk: the native loop opens it without Python (fs.lowlevel). True: taken.
+    native_cached: Callable[[str, CachedBlocks], bool] | None = None
 
     def __init__(
         self,
@@ -319,6 +322,21 @@ class ReadOnlyFS:
         mtime = attrs.mtime if attrs is not None and attrs.etag == obj.etag else 0.0
         # The native loop counted this open (native_opens): not a second one.
         return self.add_file(OpenFile(path, self.reader.open(obj), obj, mtime), counted=False)
+
+    def prefetched(self, rel: str, obj: ObjectId) -> None:
+        """The file-ahead prefetch put the one block of `obj` (the file at
+        mount-relative `rel`) on disk: while the namespace still has that
+        version there, the native loop is told where it is, so its next open
+        needs no Python."""
+        if self.native_cached is None or self.cached_blocks is None:
+            return
+        path = "/" + rel
+        attrs = self.namespace.peek(path)
+        if attrs is None or (attrs.key, attrs.etag, attrs.size) != (obj.key, obj.etag, obj.size):
+            return
+        blocks = self.cached_blocks(obj)
+        if blocks is not None:
+            self.native_cached(path, blocks)
 
     def kernel_attrs_stale(self, path: str) -> bool:
         """True (once) when the kernel may hold older attributes of `path` than

@@ -74,6 +74,7 @@ class MountReader:
         budget: MemoryBudget,
         fetcher: BlockFetcher | None = None,
         blocks_of: Callable[[ObjectId], CachedBlocks | None] | None = None,
+        disk: DiskCache | None = None,
     ) -> None:
         self.reader = reader
         self._closers = closers
@@ -81,6 +82,7 @@ class MountReader:
         self.fetcher = fetcher  # block mode: what the file-ahead prefetcher fetches with
         # block mode with a disk tier: where an object's blocks are cached (fs.lowlevel)
         self.blocks_of = blocks_of
+        self.disk = disk  # (the same disk tier): told each block file written
 
     def open(self, obj: ObjectId) -> ReadHandle:
         return self.reader.open(obj)
@@ -171,10 +173,11 @@ def build_reader(
     if dense is not None:
         closers.insert(0, dense.close)
     blocks_of = None
-    if block_mode and isinstance(disk, DiskCache):
-        on_disk, block_size = disk, settings.read_block_size
-        blocks_of = lambda obj: on_disk.files_of(obj, block_size)  # noqa: E731
-    return MountReader(reader, closers, budget, fetcher if block_mode else None, blocks_of)
+    on_disk = disk if block_mode and isinstance(disk, DiskCache) else None
+    if on_disk is not None:
+        tier, block_size = on_disk, settings.read_block_size
+        blocks_of = lambda obj: tier.files_of(obj, block_size)  # noqa: E731
+    return MountReader(reader, closers, budget, fetcher if block_mode else None, blocks_of, on_disk)
 
 
 def start_lane(settings: Settings, store: ObjectStore, disk: BlockCache) -> MountLane | None:
@@ -343,6 +346,10 @@ def build(plan: MountPlan) -> Stack:
         ahead = file_ahead(reader, stats, namespace, location.store_root)
         if ahead is not None:
             fs.on_open = ahead.opened
+            if reader.disk is not None and fs.writes is None:
+                # prefetched small files open natively (fs.ops.prefetched)
+                ahead.on_cached = fs.prefetched
+                reader.disk.on_written = ahead.written
             cleanup.callback(ahead.close)  # before the reader and fs: ExitStack is LIFO
     except BaseException:
         cleanup.close()
@@ -373,7 +380,8 @@ def file_ahead(
         entries = itertools.islice(namespace.list_dir("/" + folder), MAX_LISTING)
         return [name for name, a in entries if not a.is_dir]
 
-    ahead = FileAhead(reader.fetcher, stats, resolve, listing)
+    on_disk = reader.disk.contains if reader.disk is not None else None
+    ahead = FileAhead(reader.fetcher, stats, resolve, listing, on_disk=on_disk)
     log.info(
         "file-ahead prefetch: up to %d files, %s ahead (folder order and loader hints)",
         ahead.plan.max_files, _mib(ahead.plan.max_bytes),

@@ -19,9 +19,16 @@ elsewhere, is dropped: its queued fetches are cancelled and its held blocks
 given up first (`BlockFetcher.cancel`). Counters (MountStats):
 files_prefetched, files_prefetch_used, files_prefetch_wasted, hinted_files.
 
+A one-block file fetched ahead is announced once its block is on disk
+(`written`, from the disk tier's writer): `on_cached(path, version)` lets
+the native FUSE loop open it without Python, and that loop reports the open
+back through `opened` (docs/design/ro_mount.md, "Prefetched small files open
+natively").
+
 Threads: one worker thread ("datamount-ahead") does everything (listing,
 lookups, planning, scheduling fetches); `opened` and `hint` only queue an
-event, so a FUSE open never waits for it.
+event, so a FUSE open never waits for it. `written` runs on the disk tier's
+writer threads and only looks up and removes one entry.
 """
 
 from __future__ import annotations
@@ -53,6 +60,11 @@ MAX_LISTING = 100_000
 # burst of opens faster than the worker plans only loses look-ahead.
 MAX_EVENTS = 10_000
 
+# One-block files fetched ahead whose block is not on disk yet, at most
+# this many times the window's files (a block the disk tier never writes,
+# its queue full, is forgotten oldest first).
+LANDING_FILES = 4
+
 Resolve = Callable[[str], ObjectId | None]
 Listing = Callable[[str], Sequence[str]]
 
@@ -72,7 +84,8 @@ def _plain(rel: str) -> bool:
 class FileAhead:
     """`resolve(rel)`: the version of a mount-relative path (None: no such
     file); `listing(folder)`: the names of a folder's files in listing order
-    (None: no folder-order prefetch)."""
+    (None: no folder-order prefetch); `on_disk(key)`: whether the disk tier
+    has that block (None: no disk tier)."""
 
     def __init__(
         self,
@@ -83,8 +96,10 @@ class FileAhead:
         *,
         max_files: int = AHEAD_FILES,
         max_bytes: int | None = None,
+        on_disk: Callable[[BlockKey], bool] | None = None,
     ) -> None:
         self.fetcher = fetcher
+        self._on_disk = on_disk
         self.stats = stats
         self._resolve = resolve
         self._listing = listing
@@ -92,6 +107,11 @@ class FileAhead:
         self.plan = AheadPlan(max_files, nbytes, max_file_bytes=max(1, nbytes // 4))
         self.order = FolderOrder()
         self._objs: dict[str, ObjectId] = {}  # planned paths resolved (fetched ones: to cancel)
+        # Told (path, version) of a one-block file fetched ahead once its block
+        # is on disk: the native FUSE loop opens it from there (fs.ops.prefetched).
+        self.on_cached: Callable[[str, ObjectId], None] | None = None
+        self._landing: OrderedDict[ObjectId, str] = OrderedDict()  # fetched, not on disk yet
+        self._landing_lock = threading.Lock()
         self._listed: OrderedDict[str, None] = OrderedDict()  # folders, oldest first
         self._events: deque[tuple[str, object]] = deque(maxlen=MAX_EVENTS)
         self._cond = threading.Condition(threading.Lock())
@@ -114,6 +134,16 @@ class FileAhead:
         rels = [r for r in (p.strip("/") for p in paths) if _plain(r)]
         self.stats.add(hinted_files=len(rels))
         self._put("hint", (rels, replace))
+
+    def written(self, key: BlockKey) -> None:
+        """The disk tier wrote `key`'s block file: a one-block file fetched
+        ahead is announced (`on_cached`)."""
+        if key.index or self.on_cached is None:
+            return
+        with self._landing_lock:
+            path = self._landing.pop(key.obj, None)
+        if path is not None:
+            self.on_cached(path, key.obj)
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Until every queued event is planned (tests)."""
@@ -162,10 +192,23 @@ class FileAhead:
         used, skipped = self.plan.opened(rel)
         if used:
             self.stats.add(files_prefetch_used=1)
+            self._taken(rel)
         self._drop(skipped)
         if self._listing is not None:
             self._follow(rel)
         self._keep_planned()
+
+    def _taken(self, rel: str) -> None:
+        """A file fetched ahead was opened. The native FUSE loop reads what
+        the disk tier holds there, never through the fetcher, whose hold
+        would keep those blocks unread for HOLD_SECONDS and the window full:
+        they count as read now."""
+        obj = self._objs.get(rel)
+        if obj is None or self._on_disk is None:
+            return
+        keys = [key for key in self._keys(obj) if self._on_disk(key)]
+        if keys:
+            self.fetcher.taken(keys)
 
     def _follow(self, rel: str) -> None:
         """The folder order: FolderOrder judges mount-relative paths (its
@@ -225,12 +268,21 @@ class FileAhead:
             self.plan.resolve(path, None if obj is None else obj.size)
         due = self.plan.due()
         for n, path in enumerate(due):
-            keys = self._keys(self._objs[path])
+            obj = self._objs[path]
+            keys = self._keys(obj)
             if self.fetcher.prefetch_many(keys) < len(keys):
                 for later in due[n:]:  # the budget is spent: again at the next open
                     self.plan.undo(later)
                 break
             self.stats.add(files_prefetched=1)
+            if len(keys) == 1 and self.on_cached is not None:
+                self._land(obj, path)
+
+    def _land(self, obj: ObjectId, path: str) -> None:
+        with self._landing_lock:
+            self._landing[obj] = path
+            if len(self._landing) > LANDING_FILES * self.plan.max_files:
+                self._landing.popitem(last=False)
 
     def _drop(self, paths: list[str]) -> None:
         """Fetched-ahead files left unopened: wasted; let their blocks go."""

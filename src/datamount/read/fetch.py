@@ -308,6 +308,15 @@ class BlockFetcher:
         for ticket in tickets.values():
             ticket.cancel()
 
+    def taken(self, keys: list[BlockKey]) -> None:
+        """These blocks are read from the disk tier, not through the fetcher
+        (the native FUSE loop serves a file the disk tier holds whole): their
+        held prefetches count as used and make way for the next ones now,
+        not HOLD_SECONDS later."""
+        with self._lock:
+            for key in keys:
+                self._held.take(key)
+
     def memory_in_use(self) -> int:
         """Bytes of the budget taken: prefetches in flight plus held blocks."""
         with self._lock:

@@ -176,8 +176,8 @@ class MountLane:
         finally:
             if disk is not None:
                 sizes = call.file_sizes or (0,) * len(rooms)  # the worker's, in that order
-                for (_, room), size in zip(rooms, sizes, strict=True):
-                    disk.written_elsewhere(*room, size)
+                for (i, room), size in zip(rooms, sizes, strict=True):
+                    disk.written_elsewhere(BlockKey(obj, i), *room, size)
 
     def _call(
         self,

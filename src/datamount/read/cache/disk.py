@@ -129,6 +129,10 @@ class DiskCache:
         self._queued_bytes = 0
         self._closing = False
         self._ready = threading.Event()  # the existing files are indexed
+        # Told the key of every block file written and indexed (a writer
+        # thread, or the fetch lane's caller): read.ahead announces prefetched
+        # small files to the native FUSE loop. Must not block.
+        self.on_written: Callable[[BlockKey], None] | None = None
 
         self._threads = [threading.Thread(target=self._index_existing, name="dm-disk-index")]
         self._threads += [
@@ -223,15 +227,17 @@ class DiskCache:
             return None
         return name, total
 
-    def written_elsewhere(self, name: str, reserved: int, size: int) -> None:
-        """The file of a `write_elsewhere` block is written (`size`: its file's
-        size, as BlockFiles.write returned it) or not (0): indexed, or its
-        reservation given back."""
+    def written_elsewhere(self, key: BlockKey, name: str, reserved: int, size: int) -> None:
+        """The file of `key`'s `write_elsewhere` block is written (`size`: its
+        file's size, as BlockFiles.write returned it) or not (0): indexed, or
+        its reservation given back."""
         with self._lock:
             self._in_flight -= reserved
             self._used += size - reserved
             if size:
                 self._index[name] = size
+        if size:
+            self._told(key)
 
     def contains(self, key: BlockKey) -> bool:
         name = block_name(key)
@@ -344,6 +350,16 @@ class DiskCache:
             self._in_flight -= total
             self._used += size - total  # where O_DIRECT was refused just now: compact
             self._index[name] = size
+        self._told(key)
+
+    def _told(self, key: BlockKey) -> None:
+        on_written = self.on_written
+        if on_written is None:
+            return
+        try:
+            on_written(key)
+        except Exception:  # only an announcement: the block is cached either way
+            log.exception("disk cache: announcing a written block failed")
 
     def _reserve(self, name: str, size: int) -> bool:
         """Make room for `size` bytes (pruning LRU files) and count them as used."""
