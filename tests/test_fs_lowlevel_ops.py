@@ -8,6 +8,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -99,3 +101,38 @@ def test_a_writable_filesystem_through_ops(tmp_path) -> None:  # noqa: ANN001
     assert ops.mknod("/n", 0o10644) == ops.setxattr("/f") == -errno.EOPNOTSUPP
     assert ops.lookup("/f")[1] is None  # no folder handed to the native table
     assert sorted(o.key for p in store.list_pages("ds/") for o in p.objects) == ["ds/f"]
+
+
+@pytest.mark.fuse
+def test_take_opens_waits_without_the_gil_and_answers_none_after_exit(tmp_path, mounts) -> None:  # noqa: ANN001
+    """The thread that hands native opens to the file-ahead prefetch waits in
+    take_opens with the GIL released, and ends when the session does; a path
+    the table does not hold is never handed over."""
+    mp = mounts.point(tmp_path / "mnt")
+    mp.mkdir()
+    session = _lowlevel.Session(object(), str(mp), "ro,fsname=t,subtype=datamount", timeout=1.0,
+                                attr_ttl=1.0, max_threads=1)  # fmt: skip
+    try:
+        assert session.take_opens(0.0) == []
+        assert session.cached(b"/nothing/here", None) is False
+        assert session.counters()["native_prefetched"] == 0
+        ticks: list[float] = []
+
+        def tick() -> None:  # runs only if take_opens let the GIL go
+            for _ in range(30):
+                ticks.append(time.monotonic())
+                time.sleep(0.01)
+
+        ticker = threading.Thread(target=tick)
+        stopper = threading.Timer(0.5, session.exit)
+        start = time.monotonic()
+        ticker.start()
+        stopper.start()
+        assert session.take_opens(30.0) is None
+        waited = time.monotonic() - start
+        ticker.join()
+        assert 0.45 <= waited < 5.0
+        assert sum(t < start + 0.45 for t in ticks) >= 10
+        assert session.take_opens(30.0) is None  # and stays so, at once
+    finally:
+        del session  # unmounts

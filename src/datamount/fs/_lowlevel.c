@@ -675,7 +675,6 @@ typedef struct {
     pthread_mutex_t opens_lock;
     fuse_ino_t opens[OPENS_MAX];
     size_t n_opens;
-    uint64_t opens_dropped;
     int opens_fd;         /* an eventfd; -1 before init */
     int opens_closed;     /* exit() was called: take_opens answers None */
 } Session;
@@ -1387,7 +1386,6 @@ static void opens_push(Session *s, fuse_ino_t ino)
     if (s->n_opens == OPENS_MAX) { /* nobody took them: drop the oldest */
         memmove(s->opens, s->opens + 1, (OPENS_MAX - 1) * sizeof(*s->opens));
         s->n_opens--;
-        s->opens_dropped++;
     }
     s->opens[s->n_opens++] = ino;
     int wake = s->n_opens == 1;
@@ -2306,30 +2304,34 @@ static PyObject *Session_take_opens(Session *self, PyObject *arg)
         return NULL;
     }
     int ms = timeout <= 0 ? 0 : timeout > 3600 ? 3600000 : (int)(timeout * 1000);
-    fuse_ino_t *inos = malloc(OPENS_MAX * sizeof(*inos));
-    char **paths = calloc(OPENS_MAX, sizeof(*paths));
-    size_t *lens = calloc(OPENS_MAX, sizeof(*lens));
-    if (!inos || !paths || !lens) {
-        free(inos);
-        free(paths);
-        free(lens);
-        return PyErr_NoMemory();
-    }
     size_t n = 0;
     int closed;
+    char **paths = NULL;
+    size_t *lens = NULL;
     Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->opens_lock);
+    if (self->opens_closed || self->n_opens) /* no wait: answer now */
+        ms = 0;
+    pthread_mutex_unlock(&self->opens_lock);
     struct pollfd pfd = {.fd = self->opens_fd, .events = POLLIN};
     if (poll(&pfd, 1, ms) > 0) {
         uint64_t count;
         if (read(self->opens_fd, &count, sizeof(count)) < 0) { /* (EAGAIN: taken already) */
         }
     }
+    fuse_ino_t inos[OPENS_MAX];
     pthread_mutex_lock(&self->opens_lock);
     closed = self->opens_closed;
     n = self->n_opens;
     memcpy(inos, self->opens, n * sizeof(*inos));
     self->n_opens = 0;
     pthread_mutex_unlock(&self->opens_lock);
+    if (n) {
+        paths = calloc(n, sizeof(*paths));
+        lens = calloc(n, sizeof(*lens));
+        if (!paths || !lens) /* out of memory: these opens are lost (only look-ahead) */
+            n = 0;
+    }
     pthread_rwlock_rdlock(&self->table.lock);
     for (size_t i = 0; i < n; i++) {
         int err = 0;
@@ -2347,7 +2349,6 @@ static PyObject *Session_take_opens(Session *self, PyObject *arg)
         }
         free(paths[i]);
     }
-    free(inos);
     free(paths);
     free(lens);
     return out;
