@@ -1,6 +1,7 @@
 """FUSE round trips per small file on a real ro_mount over Azurite, counted by
 the daemon's own FUSE timing (the metrics endpoint): a close(2) sends no
-FLUSH to a read-only mount, and a 256 KiB file is one read request."""
+FLUSH to a read-only mount, and a 256 KiB file is one read request, whether
+Python or the native loop serves it."""
 
 from __future__ import annotations
 
@@ -34,12 +35,19 @@ def test_a_small_file_costs_lookup_open_read_release(
     assert wait_for(lambda: scrape(url)[("datamount_open_handles", ())] == 0)
     after = scrape(url)
 
-    def calls(op: str) -> float:
+    def calls(op: str) -> float:  # the requests that reached Python
         return after.get(("datamount_fuse_operation_seconds_count", (("op", op),)), 0.0)
 
-    assert calls("open") == FILES
-    assert calls("release") == FILES
+    def served(op: str) -> float:  # all of them, the native loop's included
+        return after[("datamount_fuse_operations_total", (("op", op),))]
+
+    assert served("opens") == FILES
+    assert served("reads") <= FILES + 1  # one read of 256 KiB each (at most one extra)
+    # From the 4th file on, the file-ahead prefetch may have put the file on
+    # disk before its open: the native loop opens, reads and releases it.
+    assert 3 <= calls("open") <= FILES
+    assert calls("release") == calls("open")
+    assert calls("read_into") <= calls("open") + 1
     assert calls("flush") == 0  # left out of libfuse's table: the kernel stopped asking
-    assert calls("read_into") <= FILES + 1  # one read of 256 KiB each (at most one extra)
     assert calls("getattr") <= FILES + 2  # a lookup per file, the folder's, the root's
     assert datamount("unmount", str(mp), env=env).returncode == 0
