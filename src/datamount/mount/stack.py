@@ -16,6 +16,7 @@ upload workers) and stops them in `Stack.close()`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -73,16 +74,19 @@ class MountReader:
         closers: list[Callable[[], None]],
         budget: MemoryBudget,
         fetcher: BlockFetcher | None = None,
-        blocks_of: Callable[[ObjectId], CachedBlocks | None] | None = None,
         disk: DiskCache | None = None,
+        block_size: int = 0,
     ) -> None:
         self.reader = reader
         self._closers = closers
         self.budget = budget
         self.fetcher = fetcher  # block mode: what the file-ahead prefetcher fetches with
-        # block mode with a disk tier: where an object's blocks are cached (fs.lowlevel)
-        self.blocks_of = blocks_of
-        self.disk = disk  # (the same disk tier): told each block file written
+        # block mode with a disk tier (told each block file written), and where
+        # it keeps an object's blocks of `block_size` (fs.lowlevel)
+        self.disk = disk
+        self.blocks_of: Callable[[ObjectId], CachedBlocks | None] | None = (
+            None if disk is None else functools.partial(disk.files_of, block_size=block_size)
+        )
 
     def open(self, obj: ObjectId) -> ReadHandle:
         return self.reader.open(obj)
@@ -172,12 +176,11 @@ def build_reader(
         closers.insert(1, lane.close)  # after the scheduler: no fetch calls it any more
     if dense is not None:
         closers.insert(0, dense.close)
-    blocks_of = None
     on_disk = disk if block_mode and isinstance(disk, DiskCache) else None
-    if on_disk is not None:
-        tier, block_size = on_disk, settings.read_block_size
-        blocks_of = lambda obj: tier.files_of(obj, block_size)  # noqa: E731
-    return MountReader(reader, closers, budget, fetcher if block_mode else None, blocks_of, on_disk)
+    return MountReader(
+        reader, closers, budget, fetcher if block_mode else None, on_disk,
+        settings.read_block_size,
+    )  # fmt: skip
 
 
 def start_lane(settings: Settings, store: ObjectStore, disk: BlockCache) -> MountLane | None:
