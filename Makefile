@@ -15,13 +15,14 @@ setup: system-deps $(STAMP) $(NODE_STAMP)
 
 # System packages: fusermount3 (FUSE mounts), npm (Azurite), python3-venv, and
 # what pip needs to build the native FUSE loop from source (gcc, libfuse3-dev,
-# libxxhash-dev, Python's headers).
+# libxxhash-dev, libssl-dev for the native GET, Python's headers).
 system-deps:
 	@missing=""; \
 	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
 	[ -f /usr/include/fuse3/fuse_lowlevel.h ] || missing="$$missing libfuse3-dev"; \
 	[ -f /usr/include/xxhash.h ] || missing="$$missing libxxhash-dev"; \
+	[ -f /usr/include/openssl/ssl.h ] || missing="$$missing libssl-dev"; \
 	$(PYTHON) -c "import os, sysconfig; assert os.path.exists(sysconfig.get_paths()['include'] + '/Python.h')" \
 		>/dev/null 2>&1 || missing="$$missing python3-dev"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
@@ -32,7 +33,8 @@ system-deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
-$(STAMP): pyproject.toml setup.py src/datamount/fs/_lowlevel.c src/datamount/read/_buffers.c
+$(STAMP): pyproject.toml setup.py src/datamount/fs/_lowlevel.c src/datamount/read/_buffers.c \
+		src/datamount/storage/_httpget.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
@@ -95,13 +97,16 @@ posix: setup
 			$$SUDO apt-get install -y -qq autoconf automake; }
 	$(BIN)/python scripts/posix.py $(POSIX_ARGS)
 
-# The FUSE tests with the native loop built with AddressSanitizer (every Python
-# process preloads libasan; CPython's own leaks are not reported), then the plain
-# build back in place, whatever the result. Left out: the mount in a 360 MiB
-# memory cgroup (ASan's shadow memory and quarantine alone exceed it).
+# The FUSE tests and the raw path's GET tests with the native code built with
+# AddressSanitizer (every Python process preloads libasan; CPython's own leaks
+# are not reported), then the plain build back in place, whatever the result.
+# Left out: the mount in a 360 MiB memory cgroup (ASan's shadow memory and
+# quarantine alone exceed it).
+ASAN_TESTS := tests/test_native_get.py tests/test_storage_azure_raw.py
 asan: setup
 	DATAMOUNT_ASAN=1 $(BIN)/python setup.py -q build_ext --inplace --force
-	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 LD_PRELOAD=$$(gcc -print-file-name=libasan.so) \
+	export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 LD_PRELOAD=$$(gcc -print-file-name=libasan.so); \
+	$(BIN)/pytest -q -p no:cacheprovider $(ASAN_TESTS) $(PYTEST_ARGS) && \
 		$(BIN)/pytest -m fuse -q -p no:cacheprovider -k 'not small_memory_cgroup' \
 		$(PYTEST_ARGS); status=$$?; \
 	$(BIN)/python setup.py -q build_ext --inplace --force; exit $$status

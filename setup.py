@@ -1,7 +1,7 @@
 """The native part of datamount, built by pip from source (pyproject.toml holds
 everything else): the FUSE low-level loop on libfuse3 (Debian's libfuse3-dev,
-installed by `make setup`), and the read path's block buffers and GIL-free
-copies. DATAMOUNT_ASAN=1 builds them with AddressSanitizer (`make asan`)."""
+installed by `make setup`), the read path's block buffers and GIL-free
+copies, and the ranged GET on OpenSSL (Debian's libssl-dev). DATAMOUNT_ASAN=1 builds them with AddressSanitizer (`make asan`)."""
 
 import os
 
@@ -26,6 +26,13 @@ setup(
         Extension(
             "datamount.read._buffers",
             sources=["src/datamount/read/_buffers.c"],
+            extra_compile_args=CFLAGS,
+            extra_link_args=LDFLAGS,
+        ),
+        Extension(
+            "datamount.storage._httpget",
+            sources=["src/datamount/storage/_httpget.c"],
+            libraries=["ssl", "crypto"],
             extra_compile_args=CFLAGS,
             extra_link_args=LDFLAGS,
         ),

@@ -32,15 +32,23 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from email.message import Message
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from datamount.errors import StorageError
+from datamount.storage import nativeget, tls
 from datamount.storage import proxy as proxies
-from datamount.storage import tls
 from datamount.storage.azure_auth import Auth, http_date
 from datamount.storage.errormap import error_for_status
-from datamount.storage.http_response import Response, exchange, host_header, read_body_from_socket
+from datamount.storage.http_response import (
+    Headers,
+    Response,
+    exchange,
+    host_header,
+    read_body_from_socket,
+    request_head,
+)
 from datamount.storage.http_response import read_body_into as _fill
 
 CONNECT_TIMEOUT = 10.0
@@ -96,6 +104,9 @@ class ConnectionPool:
         # The process's one context (storage.tls): the system store, plus
         # REQUESTS_CA_BUNDLE (`ca_bundle`), plus certifi only without a system store.
         self._context: ssl.SSLContext | None = tls.context(ca_bundle) if self.https else None
+        # Range GETs into buffers run in C (storage.nativeget) until a
+        # connection cannot take it.
+        self.native = not self.https or nativeget.TLS_USABLE
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -155,15 +166,17 @@ def _slices(body: bytes | memoryview) -> bytes | memoryview | Iterator[memoryvie
     return (view[i : i + SEND_SLICE] for i in range(0, len(view), SEND_SLICE))
 
 
-def _body_length(resp: http.client.HTTPResponse, key: str, offset: int, length: int) -> int:
+def _body_length(
+    status: int, headers: Headers | Message, key: str, offset: int, length: int
+) -> int:
     """How many body bytes a 2xx answer to a range GET carries, checked."""
-    if resp.status == 206:
-        m = _CONTENT_RANGE.match(resp.getheader("Content-Range") or "")
+    if status == 206:
+        m = _CONTENT_RANGE.match(headers.get("Content-Range") or "")
         if m is None or int(m.group(1)) != offset:
             raise http.client.HTTPException("bad Content-Range")
         n = int(m.group(2)) - offset + 1
     else:  # 200: the whole object; only right when it fits from offset 0
-        n = int(resp.getheader("Content-Length") or -1)
+        n = int(headers.get("Content-Length") or -1)
         if offset != 0 or not 0 <= n <= length:
             raise StorageError(f"read {key!r} failed: the server ignored the range")
     if not 0 <= n <= length:
@@ -279,15 +292,19 @@ class RawClient:
             headers=headers,
         )
 
+    def _range_headers(self, offset: int, length: int, etag: str | None) -> dict[str, str]:
+        headers = self._headers()
+        headers["x-ms-range"] = f"bytes={offset}-{offset + length - 1}"
+        if etag is not None:
+            headers["If-Match"] = etag
+        return headers
+
     def _open_range(
         self, key: str, offset: int, length: int, etag: str | None, timeout: float
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, int]:
         """GET bytes [offset, offset+length); the response and how many bytes
         of body to read (0, with the connection released, past the end)."""
-        headers = self._headers()
-        headers["x-ms-range"] = f"bytes={offset}-{offset + length - 1}"
-        if etag is not None:
-            headers["If-Match"] = etag
+        headers = self._range_headers(offset, length, etag)
         conn, resp = self._send("GET", self.path(key), [], headers, None, timeout)
         status = resp.status
         if status == 416:  # at or after the end, or a 0-byte blob
@@ -296,7 +313,7 @@ class RawClient:
         if status >= 300:
             raise self._error("read", key, conn, resp)
         try:
-            n = _body_length(resp, key, offset, length)
+            n = _body_length(resp.status, resp.headers, key, offset, length)
         except BaseException:
             conn.close()
             raise
@@ -314,8 +331,14 @@ class RawClient:
         timeout: float,
     ) -> int:
         """Fill consecutive `buffers` from `offset` in one GET, in order; the
-        byte count (short at the end: the last buffers filled in part or not)."""
-        conn, resp, n = self._open_range(key, offset, sum(map(len, buffers)), etag, timeout)
+        byte count (short at the end: the last buffers filled in part or not).
+        The GET runs in C without the GIL (storage.nativeget) where it can."""
+        length = sum(map(len, buffers))
+        if self.pool.native and len(buffers) <= nativeget.MAX_BUFFERS:
+            n = self._native_get(key, offset, length, buffers, etag, timeout)
+            if n is not None:
+                return n
+        conn, resp, n = self._open_range(key, offset, length, etag, timeout)
         if n == 0:
             return 0
         try:
@@ -330,6 +353,68 @@ class RawClient:
             raise
         self._done(conn, resp)
         return n
+
+    def _native_get(
+        self,
+        key: str,
+        offset: int,
+        length: int,
+        buffers: Sequence[memoryview],
+        etag: str | None,
+        timeout: float,
+    ) -> int | None:
+        """`get_into_views` by nativeget: what `_send`, `_open_range` and the
+        body's reads do, the same checks and errors; None when the
+        connection cannot take it (nothing was sent; the pool stops trying)."""
+        headers = self._range_headers(offset, length, etag)
+        path = self.path(key)
+        self.auth.sign("GET", path, [], headers)
+        pool = self.pool
+        sent = {**headers, **pool.forward_headers} if pool.forward else headers
+        conn = pool.get(timeout)
+        try:
+            request = request_head(
+                "GET", pool.target_prefix + self._url(path, []), pool.host_header, sent
+            )
+            assert conn.sock is not None
+            answer = nativeget.get_into(conn.sock, request, offset, buffers, timeout)
+        except BaseException:
+            conn.close()
+            raise
+        if answer is None:
+            pool.native = False
+            pool.put(conn)
+            return None
+        status, n, keep, answered = answer
+        if keep:
+            pool.put(conn)
+        else:
+            conn.close()
+        if answered is not None and status == 407 and pool.proxy is not None:
+            raise proxies.refused(pool.proxy, f"{pool.host}:{pool.port}", 407, answered[0])
+        for hook in self.hooks:
+            hook("GET", path, headers, status)
+        if answered is None:  # the body is in the buffers
+            return n
+        found = answered[1]
+        if status == 416:  # at or after the end, or a 0-byte blob
+            return 0
+        if status >= 300:
+            lower = {k.lower(): v for k, v in found.items()}
+            raise error_for_status(
+                status,
+                op="read",
+                key=key,
+                store=self.root,
+                code=lower.get("x-ms-error-code"),
+                headers=lower,
+            )
+        # A 2xx the C side did not take as the range asked: what the checks say of it.
+        if _body_length(status, found, key, offset, length) == 0:
+            return 0
+        raise http.client.HTTPException(
+            f"an answer to a range GET framed as no blob's is ({status})"
+        )
 
     def get_pieces(
         self,

@@ -16,6 +16,7 @@ from the socket (one Python call per TLS record), keeping the response's
 count so it closes as after its own reads.
 
 `exchange` sends a request without a body as one prepared block of bytes
+(`request_head`)
 and reads its answer's status and headers: the same bytes http.client's
 request() puts on the wire (request line, Host, Accept-Encoding: identity,
 then the caller's headers in order; the same checks of the target and the
@@ -218,6 +219,21 @@ def host_header(host: str, port: int, default_port: int) -> str:
     return name if port == default_port else f"{name}:{port}"
 
 
+def request_head(method: str, target: str, host: str, headers: dict[str, str]) -> bytes:
+    """The bytes http.client's request() sends for `method target` without a
+    body: request line, Host, Accept-Encoding: identity, then `headers` in
+    order; what it refuses in the target or a value is refused the same way."""
+    if _BAD_TARGET.search(target):
+        raise http.client.InvalidURL(f"URL can't contain control characters. {target!r}")
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: identity"]
+    for name, value in headers.items():
+        if _BAD_VALUE.search(value):
+            raise ValueError(f"Invalid header value {value.encode('latin-1')!r}")
+        lines.append(f"{name}: {value}")
+    lines.append("\r\n")
+    return "\r\n".join(lines).encode("latin-1")
+
+
 def exchange(
     conn: http.client.HTTPConnection,
     method: str,
@@ -229,17 +245,9 @@ def exchange(
     connection `conn` and return its response, status and headers read.
     The connection stays idle for http.client (its next request() works);
     an answer that closes the connection closes `conn`, as getresponse does."""
-    if _BAD_TARGET.search(target):
-        raise http.client.InvalidURL(f"URL can't contain control characters. {target!r}")
-    lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: identity"]
-    for name, value in headers.items():
-        if _BAD_VALUE.search(value):
-            raise ValueError(f"Invalid header value {value.encode('latin-1')!r}")
-        lines.append(f"{name}: {value}")
-    lines.append("\r\n")
     sock = conn.sock
     assert sock is not None
-    sock.sendall("\r\n".join(lines).encode("latin-1"))
+    sock.sendall(request_head(method, target, host, headers))
     resp = conn.response_class(sock, method=method)
     try:
         resp.begin()
