@@ -60,6 +60,7 @@ def test_without_o_tmpfile_a_named_temp_file_is_renamed(
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(blockfile.os, "open", refuse_tmpfile)
+    monkeypatch.setattr(blockfile, "write_file", lambda *args: errno.EOPNOTSUPP)
     files = make(tmp_path)
     data = random.Random(1).randbytes(300_001)
     for i in range(3):
@@ -135,18 +136,20 @@ def test_empty_buffers_from_64_kib_start_on_a_page(size: int) -> None:
 def test_an_aligned_block_is_written_from_its_own_buffer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
 ) -> None:
-    """One pwritev: the header page, the block's whole pages from its own
+    """One write of the header page, the block's whole pages from its own
     buffer (no copy), the last partial page copied; the file is the paged
     layout byte for byte."""
     calls: list[list[int]] = []
-    real = os.pwritev
+    real = blockfile.write_file
 
-    def spy(fd: int, views: list[memoryview], offset: int) -> int:
+    def spy(folder: str, direct: bool, views: list[memoryview], root: int, name: str) -> int:
         calls.append([address(v) for v in views])
-        return real(fd, views, offset)
+        assert direct
+        return real(folder, direct, views, root, name)
 
-    monkeypatch.setattr(blockfile.os, "pwritev", spy)
+    monkeypatch.setattr(blockfile, "write_file", spy)
     files = make(tmp_path)
+    Path(files.path(block_name(key()))).parent.mkdir()  # not the folder's first block
     data = aligned_block(size, size)
     header = encode_header(key(), data)
     written = files.write(block_name(key()), header, data)
@@ -165,12 +168,17 @@ def test_an_unaligned_block_is_copied_and_a_refused_buffer_falls_back_to_copies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
+    real = os.pwritev
 
     def refuse(fd: int, views: list[memoryview], offset: int) -> int:
+        if len(views) == 1:  # one aligned buffer: taken
+            return real(fd, views, offset)
         calls.append(len(views))
         raise OSError(errno.EINVAL, "Invalid argument")  # a device wanting more alignment
 
     monkeypatch.setattr(blockfile.os, "pwritev", refuse)
+    # the one-call write meets the same device: refused, the steps take over
+    monkeypatch.setattr(blockfile, "write_file", lambda *args: errno.EINVAL)
     files = make(tmp_path)
     unaligned = random.Random(1).randbytes(300_001)  # bytes: never page-aligned here
     files.write(block_name(key(0)), encode_header(key(0), unaligned), unaligned)
@@ -205,3 +213,59 @@ def test_a_short_vectored_write_goes_on_from_where_it_stopped(
     finally:
         os.close(fd)
     assert (tmp_path / "f").read_bytes() == bytes(10) + b"a" * 700 + b"b" * 1500 + b"c" * 3
+
+
+def test_the_one_call_write_links_a_whole_private_file_or_leaves_nothing(tmp_path: Path) -> None:
+    """read/copy.py write_file: O_TMPFILE, pwritev from 0, linkat under the
+    root's folder; a missing folder is its errno, with no file left."""
+    (tmp_path / TMP_DIR).mkdir()
+    root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        pieces = [memoryview(b"head"), memoryview(b""), memoryview(b"data" * 1000)]
+        assert (
+            copy.write_file(str(tmp_path / TMP_DIR), False, pieces, root, "ab/c.blk")
+            == errno.ENOENT
+        )
+        assert list(tmp_path.rglob("*")) == [tmp_path / TMP_DIR]
+        (tmp_path / "ab").mkdir()
+        assert copy.write_file(str(tmp_path / TMP_DIR), False, pieces, root, "ab/c.blk") == 0
+        final = tmp_path / "ab" / "c.blk"
+        assert final.read_bytes() == b"head" + b"data" * 1000
+        assert final.stat().st_mode & 0o777 == 0o600
+        assert (
+            copy.write_file(str(tmp_path / TMP_DIR), False, pieces, root, "ab/c.blk")
+            == errno.EEXIST
+        )
+        assert list((tmp_path / TMP_DIR).iterdir()) == []
+    finally:
+        os.close(root)
+
+
+def test_a_folders_first_block_takes_the_steps_and_the_next_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results: list[int] = []
+    real = blockfile.write_file
+
+    def spy(*args: Any) -> int:
+        results.append(real(*args))
+        return results[-1]
+
+    monkeypatch.setattr(blockfile, "write_file", spy)
+    files = make(tmp_path)
+    first = key(0)
+    data = aligned_block(300_001)
+    files.write(block_name(first), encode_header(first, data), data)
+    same_folder = next(
+        k
+        for k in (BlockKey(first.obj, i) for i in range(1, 5000))
+        if block_name(k)[:2] == block_name(first)[:2]
+    )
+    files.write(block_name(same_folder), encode_header(same_folder, data), data)
+    files.close()
+    assert results == [errno.ENOENT, 0]
+    for k in (first, same_folder):
+        assert blockfile.read(files.path(block_name(k)), k) == (
+            bytes(data),
+            files.file_size(len(encode_header(k, data)), len(data)),
+        )

@@ -1,7 +1,8 @@
 """Copies of a block's bytes that let other threads run: a FUSE reply filled
-from a cached block, a block staged for an O_DIRECT write; and the
+from a cached block, a block staged for an O_DIRECT write; the
 uninitialised, page-aligned buffers blocks are fetched into (`empty`), which
-the disk tier's O_DIRECT write sends as they are.
+the disk tier's O_DIRECT write sends as they are; and that write itself
+(`write_file`).
 
 A memoryview slice assignment holds the GIL for the whole memcpy; the C
 module `_buffers` (read/_buffers.c) releases it around the memcpy from
@@ -31,6 +32,12 @@ PAGE = _buffers.PAGE  # O_DIRECT's alignment of a buffer's address, offset and l
 # Both are the C functions themselves: no Python frame on the read path.
 empty = _buffers.empty
 copy_into = _buffers.copy_into
+# write_file(folder, direct, pieces, root_fd, name): a block file's usual
+# write (O_TMPFILE, pwritev, linkat) in one call without the GIL, instead of
+# four calls that each give the GIL up and take it back; 0, or the errno of
+# the step that failed, with nothing left behind (read/cache/blockfile.py
+# then takes its own steps, which know every fallback).
+write_file = _buffers.write_file
 
 
 def page_aligned(view: BlockData) -> bool:

@@ -44,7 +44,7 @@ import xxhash
 
 from datamount.private import FILE_MODE, folders
 from datamount.read.blocks import BlockData, BlockKey, ObjectId
-from datamount.read.copy import PAGE, copy_into, page_aligned
+from datamount.read.copy import PAGE, copy_into, page_aligned, write_file
 
 log = logging.getLogger("datamount.read.cache.disk")
 
@@ -174,6 +174,13 @@ class BlockFiles:
         """The block's file, whole under its final name, or OSError and nothing
         left. Returns the file's size."""
         rel = f"{name[0:2]}/{name}{SUFFIX}"
+        if self.tmpfile:  # the usual way in one call without the GIL (read/copy.py)
+            direct = self.direct and len(header) + len(data) >= DIRECT_MIN
+            pieces = self._pieces(direct, header, data)
+            if write_file(self._tmp, direct, pieces, self._root_fd, rel) == 0:
+                return layout(len(header), len(data), direct)[1]
+            # Refused (a folder's first block, a filesystem without O_DIRECT...):
+            # the steps below meet the same refusal and know what to do of it.
         tmp: str | None = None  # the named temp file, where O_TMPFILE is refused
         try:
             fd, tmp, direct = self._create(name, len(header) + len(data) >= DIRECT_MIN)
@@ -220,16 +227,27 @@ class BlockFiles:
         return layout(header, data, data + header >= DIRECT_MIN and self.direct)[1]
 
     def _fill(self, fd: int, direct: bool, header: bytes, data: BlockData) -> None:
-        """Write the block from offset 0: compact and buffered, or with
-        `direct` paged, in one O_DIRECT write. A page-aligned block (every
-        fetched block: read/copy.py `empty`) goes as it is, between this
-        thread's aligned header page and a copy of its last partial page; any
-        other is copied whole into this thread's aligned buffer first. The
-        padding is zeroed: no bytes of an earlier block."""
+        """Write the block from offset 0 (`_pieces`)."""
+        pieces = self._pieces(direct, header, data)
+        try:
+            _writev_all(fd, pieces, 0)
+        except OSError as exc:
+            if not (direct and self.vectored and len(pieces) > 1 and exc.errno == errno.EINVAL):
+                raise
+            # A device whose O_DIRECT wants more than page alignment per segment.
+            log.info("disk cache: O_DIRECT refuses a block's own buffer in %s: copies", self.root)
+            self.vectored = False
+            self._fill(fd, direct, header, data)
+
+    def _pieces(self, direct: bool, header: bytes, data: BlockData) -> list[memoryview]:
+        """What a block file holds from offset 0: compact, or with `direct`
+        paged, for one O_DIRECT write. A page-aligned block (every fetched
+        block: read/copy.py `empty`) goes as it is, between this thread's
+        aligned header page and a copy of its last partial page; any other
+        is copied whole into this thread's aligned buffer first. The padding
+        is zeroed: no bytes of an earlier block."""
         if not direct:
-            _write_all(fd, memoryview(header), 0)
-            _write_all(fd, memoryview(data), len(header))
-            return
+            return [v for v in (memoryview(header), memoryview(data)) if v]
         offset, total = layout(len(header), len(data), True)
         whole = len(data) // ALIGN * ALIGN if self.vectored and page_aligned(data) else 0
         staged = total - whole  # header page + the data's pages not sent as they are
@@ -240,18 +258,9 @@ class BlockFiles:
         copy_into(buf[offset:end], data[whole:])  # without the GIL (read/copy.py)
         buf[end:staged] = bytes(staged - end)
         if not whole:
-            _write_all(fd, buf[:staged], 0)
-            return
+            return [buf[:staged]]
         views = [buf[:offset], memoryview(data)[:whole], buf[offset:staged]]
-        try:
-            _writev_all(fd, [v for v in views if v], 0)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            # A device whose O_DIRECT wants more than page alignment per segment.
-            log.info("disk cache: O_DIRECT refuses a block's own buffer in %s: copies", self.root)
-            self.vectored = False
-            self._fill(fd, direct, header, data)
+        return [v for v in views if v]
 
     def _publish(self, src: str, rel: str, how: Callable[..., None]) -> None:
         """Give the written file its final name `rel` (under the root): `how`
