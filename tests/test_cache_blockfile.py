@@ -121,15 +121,16 @@ def address(view: Any) -> int:
 def test_empty_buffers_from_64_kib_start_on_a_page(size: int) -> None:
     view = copy.empty(size)
     assert len(view) == size and view.format == "B" and not view.readonly
-    assert (address(view) % 4096 == 0) == (size >= copy.GIL_FREE_MIN)
-    assert copy.page_aligned(view) == (size >= copy.GIL_FREE_MIN)
-    readonly = view.toreadonly()  # as the caches keep a block: still its array's start
-    assert copy.page_aligned(readonly) == (size >= copy.GIL_FREE_MIN)
-    assert not copy.page_aligned(readonly[1:])  # a slice of it: its own start counts
-    assert copy.page_aligned(readonly[4096:]) == (size >= copy.GIL_FREE_MIN)
     # Other memory (a bytes object starts on a page by chance, 1 in 256 of
     # malloc's 16-byte steps): odd by construction.
     assert not copy.page_aligned(memoryview(bytearray(size + 1))[1:])
+    if size < copy.GIL_FREE_MIN:  # plain malloc: on a page only by chance
+        return
+    assert address(view) % 4096 == 0 and copy.page_aligned(view)
+    readonly = view.toreadonly()  # as the caches keep a block: still its array's start
+    assert copy.page_aligned(readonly)
+    assert not copy.page_aligned(readonly[1:])  # a slice of it: its own start counts
+    assert copy.page_aligned(readonly[4096:])
 
 
 @pytest.mark.parametrize("size", [64 * 1024, 2 << 20, (2 << 20) - 1, 300_001])
