@@ -118,10 +118,15 @@ def serve(request: pytest.FixtureRequest, certs: Certs) -> Iterator[Callable[...
 
 
 def get(
-    sock: socket.socket, offset: int, buffers: list[memoryview], timeout: float = 5.0
+    sock: socket.socket,
+    offset: int,
+    buffers: list[memoryview],
+    timeout: float = 5.0,
+    length: int | None = None,
 ) -> nativeget.Answer:
     request = request_head("GET", "/c/blob", "127.0.0.1", {"x-ms-range": f"bytes={offset}-"})
-    got = nativeget.get_into(sock, request, offset, buffers, timeout)
+    asked = sum(map(len, buffers)) if length is None else length
+    got = nativeget.get_into(sock, request, offset, asked, buffers, timeout)
     assert got is not None
     return got
 
@@ -134,25 +139,25 @@ def views(*sizes: int) -> tuple[list[bytearray], list[memoryview]]:
 def test_the_body_fills_the_buffers_in_order_and_the_connection_carries_on(serve) -> None:
     sock = serve(ranged(7, BODY), ranged(7 + len(BODY), b"xyz"))
     arrays, bufs = views(1000, 0, len(BODY) - 1000 + 50)
-    assert get(sock, 7, bufs) == (206, len(BODY), True, None)
+    assert get(sock, 7, bufs) == (206, len(BODY), True, b"")
     assert bytes(arrays[0]) + bytes(arrays[2][: len(BODY) - 1000]) == BODY
     assert bytes(arrays[2][len(BODY) - 1000 :]) == bytes(50)  # past the body: untouched
     arrays, bufs = views(3)
-    assert get(sock, 7 + len(BODY), bufs) == (206, 3, True, None)
+    assert get(sock, 7 + len(BODY), bufs) == (206, 3, True, b"")
     assert arrays[0] == b"xyz"
 
 
 def test_the_request_goes_out_as_request_head_builds_it(serve) -> None:
     sock = serve(ranged(0, b"ab"))
     request = request_head("GET", "/c/b%20lob?sv=x", "127.0.0.1:1", {"x-ms-range": "bytes=0-1"})
-    assert nativeget.get_into(sock, request, 0, [memoryview(bytearray(2))], 5.0) is not None
+    assert nativeget.get_into(sock, request, 0, 2, [memoryview(bytearray(2))], 5.0) is not None
     assert serve.servers[-1].requests == [request[:-4]]
 
 
 def test_a_whole_200_from_offset_0_is_a_body(serve) -> None:
     sock = serve(answer("200 OK", ["Content-Length: 4"], b"abcd"))
     arrays, bufs = views(8)
-    assert get(sock, 0, bufs) == (200, 4, True, None)
+    assert get(sock, 0, bufs) == (200, 4, True, b"")
     assert arrays[0][:4] == b"abcd"
 
 
@@ -168,7 +173,7 @@ def test_an_error_answer_comes_back_as_http_client_reads_it_and_keeps_the_connec
     sock = serve(answer("404 The specified blob does not exist.", headers, body), ranged(0, b"ok"))
     status, n, keep, head = get(sock, 0, views(16)[1])
     assert (status, n, keep) == (404, 0, True)
-    assert head is not None
+    assert isinstance(head, tuple)
     reason, found = head
     assert reason == "The specified blob does not exist."
     wire = f"HTTP/1.1 404 x\r\n{''.join(h + chr(13) + chr(10) for h in headers)}\r\n".encode()
@@ -191,18 +196,18 @@ class FakeSock:
 
 def test_connection_close_and_http_1_0_are_not_kept(serve) -> None:
     sock = serve(ranged(0, b"ab", ["Connection: close"]))
-    assert get(sock, 0, views(2)[1]) == (206, 2, False, None)
+    assert get(sock, 0, views(2)[1]) == (206, 2, False, b"")
     sock = serve(lambda c: c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nab"))
-    assert get(sock, 0, views(2)[1]) == (200, 2, False, None)
+    assert get(sock, 0, views(2)[1]) == (200, 2, False, b"")
 
 
 def test_a_range_not_the_one_asked_is_left_to_python(serve) -> None:
     sock = serve(ranged(5, b"abc"))
     status, n, keep, head = get(sock, 4, views(3)[1])
-    assert (status, n, head is not None) == (206, 0, True)
-    assert head is not None and head[1].get("Content-Range") == "bytes 5-7/99999999"
+    assert (status, n, isinstance(head, tuple)) == (206, 0, True)
+    assert isinstance(head, tuple) and head[1].get("Content-Range") == "bytes 5-7/99999999"
     sock = serve(ranged(0, b"abcd"))  # longer than the buffers
-    assert get(sock, 0, views(3)[1])[3] is not None
+    assert isinstance(get(sock, 0, views(3)[1])[3], tuple)
 
 
 def test_a_body_cut_short_is_an_incomplete_read_of_what_is_missing(serve) -> None:
@@ -273,11 +278,11 @@ def test_an_object_that_is_not_the_sockets_own_tls_is_refused_before_sending(cer
         bio = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), ssl.MemoryBIO())
         buf = [memoryview(bytearray(2))]
         for other in (object(), bio._sslobj):  # type: ignore[attr-defined]
-            code = _httpget.get_into(other, sock.fileno(), b"GET / HTTP/1.1\r\n\r\n", 0, buf, 1.0)[
-                0
-            ]
+            request = b"GET / HTTP/1.1\r\n\r\n"
+            code = _httpget.get_into(other, sock.fileno(), request, 0, 2, buf, 1.0)[0]
             assert code == _httpget.NOT_TLS_OBJECT
-        assert nativeget.get_into(sock, request_head("GET", "/", "h", {}), 0, buf, 5.0) is not None
+        request = request_head("GET", "/", "h", {})
+        assert nativeget.get_into(sock, request, 0, 2, buf, 5.0) is not None
         assert server.requests == [b"GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: identity"]
         sock.close()
     finally:
@@ -286,8 +291,45 @@ def test_an_object_that_is_not_the_sockets_own_tls_is_refused_before_sending(cer
 
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="1 to 64 buffers"):
-        _httpget.get_into(None, 0, b"", 0, [], 1.0)
+        _httpget.get_into(None, 0, b"", 0, 1, [], 1.0)
     with pytest.raises(ValueError, match="must not be negative"):
-        _httpget.get_into(None, -1, b"", 0, [memoryview(bytearray(1))], 1.0)
+        _httpget.get_into(None, -1, b"", 0, 1, [memoryview(bytearray(1))], 1.0)
+    with pytest.raises(ValueError, match="length positive"):
+        _httpget.get_into(None, 0, b"", 0, 0, [memoryview(bytearray(1))], 1.0)
     with pytest.raises(BufferError, match="not writable"):
-        _httpget.get_into(None, 0, b"", 0, [memoryview(b"read-only")], 1.0)
+        _httpget.get_into(None, 0, b"", 0, 1, [memoryview(b"read-only")], 1.0)
+    with pytest.raises(ValueError, match="within the buffers"):
+        _httpget.read_body(None, 0, [memoryview(bytearray(1))], 2, 1.0)
+
+
+def test_a_span_longer_than_the_buffer_goes_on_a_buffer_at_a_time(serve) -> None:
+    """What the first read took past the buffer comes back; read_body reads
+    the rest, and the connection carries the next request."""
+    sock = serve(ranged(3, BODY), ranged(0, b"next"))
+    first = bytearray(1000)
+    status, n, keep, spill = get(sock, 3, [memoryview(first)], length=len(BODY))
+    assert (status, n, keep) == (206, len(BODY), True)
+    assert isinstance(spill, bytes) and len(spill) < nativeget._httpget.HEAD_MAX
+    got = bytes(first) + spill
+    while len(got) < n:
+        piece = bytearray(min(70_000, n - len(got)))
+        nativeget.read_body(sock, memoryview(piece), 5.0)
+        got += piece
+    assert got == BODY
+    assert get(sock, 0, views(4)[1])[:3] == (206, 4, True)
+
+
+def test_a_span_cut_short_is_an_incomplete_read_of_what_is_missing(serve) -> None:
+    def short(conn: socket.socket) -> None:
+        head = b"HTTP/1.1 206 P\r\nContent-Length: 100000\r\nContent-Range: bytes 0-99999/100000\r\n\r\n"
+        conn.sendall(head + b"x" * 60_000)
+        (conn.unwrap() if isinstance(conn, ssl.SSLSocket) else conn).shutdown(socket.SHUT_RDWR)
+
+    sock = serve(short)
+    status, n, _, spill = get(sock, 0, [memoryview(bytearray(100))], length=100_000)
+    assert (status, n) == (206, 100_000)
+    assert isinstance(spill, bytes)
+    rest = bytearray(100_000 - 100 - len(spill))
+    with pytest.raises(http.client.IncompleteRead) as info:
+        nativeget.read_body(sock, memoryview(rest), 5.0)
+    assert info.value.expected == 40_000

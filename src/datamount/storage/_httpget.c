@@ -2,13 +2,16 @@
  * opened, with the GIL released from the request's first byte sent to the
  * body's last byte read (storage/nativeget.py is its Python face).
  *
- * get_into(sslobj, fd, request, offset, buffers, timeout) sends `request` (a
- * complete head, no body) on the connection, reads the answer's head, and
- * when it is a 200 or 206 whose body starts at `offset` and fits the buffers,
- * reads the body into them in order. It returns (code, status, n, keep, head),
- * status being the answer's (0 when there is none):
+ * get_into(sslobj, fd, request, offset, length, buffers, timeout) sends
+ * `request` (a complete head, no body) on the connection, reads the answer's
+ * head, and when it is a 200 or 206 of at most `length` bytes from `offset`,
+ * reads the body into the buffers in order. It returns (code, status, n,
+ * keep, head), status being the answer's (0 when there is none):
  *
- * - code BODY: n body bytes are in the buffers; head is None.
+ * - code BODY: the body has n bytes; the first min(n, the buffers' length)
+ *   are in the buffers, head is None. A longer body (a span read a buffer at
+ *   a time) is read on with read_body; head is then the body's bytes read
+ *   past the buffers with the answer's head (at most HEAD_MAX), or None.
  * - code HEAD: any other answer; head is its head block (status line and
  *   header lines). A body of up to DRAIN_MAX bytes with a length was read
  *   and dropped, so the connection may stay; n is 0.
@@ -17,8 +20,11 @@
  *   message for TLS and BAD_HEAD. The connection is not to be used again.
  *   NOT_TLS_OBJECT is the one failure before anything was sent.
  *
- * keep is 1 when the connection may carry the next request: HTTP/1.1, no
- * "Connection: close", and the whole answer read.
+ * keep is 1 when the connection may carry the next request once the whole
+ * body is read: HTTP/1.1, no "Connection: close".
+ *
+ * read_body(sslobj, fd, buffers, count, timeout) reads the next `count`
+ * bytes of a body into the buffers: (BODY, 0, count, 0, None) or a failure.
  *
  * Over TLS the connection's own OpenSSL object (the ssl module's SSL*) is
  * read and written, as the ssl module itself does with the GIL released
@@ -332,6 +338,33 @@ static void fill(Piece *pieces, size_t count, size_t *index, size_t *at, const c
     }
 }
 
+/* Read `left` bytes into the pieces from piece `index`, byte `at` on (they
+ * have room for them); 0, or the failure (BROKEN_BODY: *missing bytes). */
+static int read_exactly(Conn *c, Piece *pieces, size_t count, size_t index, size_t at,
+                        long long left, long long *missing)
+{
+    while (left > 0) {
+        while (index < count && pieces[index].len == at) { /* an empty buffer */
+            index++;
+            at = 0;
+        }
+        if (index == count)
+            return BAD_HEAD; /* no room: not reached, the callers check */
+        size_t room = pieces[index].len - at, want = (long long)room < left ? room : (size_t)left;
+        size_t got = 0;
+        int r = read_some(c, pieces[index].mem + at, want, &got);
+        if (r)
+            return r;
+        if (got == 0) {
+            *missing = left;
+            return BROKEN_BODY;
+        }
+        at += got;
+        left -= (long long)got;
+    }
+    return 0;
+}
+
 typedef struct {
     int code;
     int status;
@@ -342,8 +375,8 @@ typedef struct {
 } Answer;
 
 /* The exchange, without the GIL. `scratch` holds HEAD_MAX bytes. */
-static void run(Conn *c, const char *request, size_t request_len, long long offset, Piece *pieces,
-                size_t count, char *scratch, Answer *a)
+static void run(Conn *c, const char *request, size_t request_len, long long offset,
+                long long length, Piece *pieces, size_t count, char *scratch, Answer *a)
 {
     a->code = send_all(c, request, request_len);
     if (a->code)
@@ -388,11 +421,10 @@ static void run(Conn *c, const char *request, size_t request_len, long long offs
         capacity += pieces[i].len;
     long long n = -1;
     if (!h.chunked && h.status == 206 && h.range_first == offset &&
-        h.range_last - h.range_first < (long long)capacity &&
+        h.range_last - h.range_first < length &&
         (h.length < 0 || h.length == h.range_last - h.range_first + 1) && h.length != -2)
         n = h.range_last - h.range_first + 1;
-    else if (!h.chunked && h.status == 200 && offset == 0 && h.length >= 0 &&
-             h.length <= (long long)capacity)
+    else if (!h.chunked && h.status == 200 && offset == 0 && h.length >= 0 && h.length <= length)
         n = h.length;
     size_t extra = have - body_at;
     if (n < 0) { /* HEAD: the head for Python, a short body read and dropped */
@@ -426,131 +458,220 @@ static void run(Conn *c, const char *request, size_t request_len, long long offs
         extra = (size_t)n;
         h.close = 1;
     }
+    /* the body's first bytes: into the pieces, and what does not fit in them
+     * (a span longer than the buffers) back to the caller */
+    size_t into = extra < capacity ? extra : capacity, spill = extra - into;
     size_t index = 0, at = 0;
-    fill(pieces, count, &index, &at, scratch + body_at, extra);
-    long long left = n - (long long)extra;
-    while (left > 0) {
-        while (pieces[index].len == at) { /* an empty buffer: nothing to read into */
-            index++;
-            at = 0;
-        }
-        size_t room = pieces[index].len - at, want = (long long)room < left ? room : (size_t)left;
-        size_t got = 0;
-        int r = read_some(c, pieces[index].mem + at, want, &got);
-        if (r) {
-            a->code = r;
+    fill(pieces, count, &index, &at, scratch + body_at, into);
+    if (spill) {
+        a->head = malloc(spill);
+        if (!a->head) {
+            c->err = ENOMEM;
+            a->code = SYSTEM;
             return;
         }
-        if (got == 0) {
-            a->code = BROKEN_BODY;
-            a->n = left;
-            return;
-        }
-        at += got;
-        left -= (long long)got;
-        if (at == pieces[index].len) {
-            index++;
-            at = 0;
-        }
+        memcpy(a->head, scratch + body_at + into, spill);
+        a->head_len = spill;
     }
+    long long want = n < (long long)capacity ? n : (long long)capacity;
+    a->code = read_exactly(c, pieces, count, index, at, want - (long long)into, &a->n);
+    if (a->code)
+        return;
     a->code = BODY;
     a->status = h.status;
     a->n = n;
     a->keep = !h.close;
 }
 
+/* The connection of a call: 1, or 0 when `sslobj` is not the socket's own
+ * TLS object (NOT_TLS_OBJECT), or -1 with an exception set. */
+static int conn_from(PyObject *sslobj, PyObject *fd, PyObject *timeout_obj, Conn *c)
+{
+    c->ssl = NULL;
+    c->err = 0;
+    c->message[0] = '\0';
+    c->fd = PyLong_AsLong(fd);
+    if (c->fd == -1 && PyErr_Occurred())
+        return -1;
+    double timeout = PyFloat_AsDouble(timeout_obj);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return -1;
+    if (c->fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "fd must not be negative");
+        return -1;
+    }
+    c->timeout_ms = timeout < 0                     ? -1
+                    : timeout * 1000.0 >= INT_MAX ? INT_MAX
+                                                  : (int)(timeout * 1000.0 + 0.999);
+    if (sslobj == Py_None)
+        return 1;
+    if (strcmp(Py_TYPE(sslobj)->tp_name, "_ssl._SSLSocket") != 0 ||
+        Py_TYPE(sslobj)->tp_basicsize < (Py_ssize_t)sizeof(SSLSocketHead))
+        return 0;
+    c->ssl = ((SSLSocketHead *)sslobj)->ssl;
+    return c->ssl && SSL_get_fd(c->ssl) == c->fd;
+}
+
+/* The caller's buffers, held (PyObject_GetBuffer) until `release_all`. */
+typedef struct {
+    PyObject *seq;
+    Py_ssize_t held;
+    Py_buffer views[MAX_BUFFERS];
+    Piece pieces[MAX_BUFFERS];
+    size_t capacity;
+} Held;
+
+static void release_all(Held *h)
+{
+    for (Py_ssize_t i = 0; i < h->held; i++)
+        PyBuffer_Release(&h->views[i]);
+    Py_XDECREF(h->seq);
+}
+
+static int hold_all(PyObject *buffers, Held *h)
+{
+    h->held = 0;
+    h->capacity = 0;
+    h->seq = PySequence_Fast(buffers, "buffers must be a sequence");
+    if (!h->seq)
+        return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(h->seq);
+    if (count < 1 || count > MAX_BUFFERS) {
+        PyErr_Format(PyExc_ValueError, "1 to %d buffers", MAX_BUFFERS);
+        release_all(h);
+        return -1;
+    }
+    for (; h->held < count; h->held++) {
+        Py_buffer *v = &h->views[h->held];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(h->seq, h->held), v,
+                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            release_all(h);
+            return -1;
+        }
+        h->pieces[h->held].mem = v->buf;
+        h->pieces[h->held].len = (size_t)v->len;
+        h->capacity += (size_t)v->len;
+    }
+    return 0;
+}
+
+/* (code, status, n, keep, head or spill or message), as the module's doc says */
+static PyObject *answer_tuple(const Answer *a, const Conn *c)
+{
+    switch (a->code) {
+    case HEAD:
+        return Py_BuildValue("(iiiiy#)", HEAD, a->status, 0, a->keep, a->head,
+                             (Py_ssize_t)a->head_len);
+    case BODY:
+        if (a->head_len)
+            return Py_BuildValue("(iiLiy#)", BODY, a->status, a->n, a->keep, a->head,
+                                 (Py_ssize_t)a->head_len);
+        return Py_BuildValue("(iiLiO)", BODY, a->status, a->n, a->keep, Py_None);
+    case BROKEN_BODY:
+        return Py_BuildValue("(iiLiO)", a->code, a->status, a->n, 0, Py_None);
+    case SYSTEM:
+        return Py_BuildValue("(iiiiO)", a->code, 0, c->err, 0, Py_None);
+    case TLS:
+    case BAD_HEAD:
+        return Py_BuildValue("(iiiis)", a->code, 0, 0, 0, c->message);
+    default:
+        return Py_BuildValue("(iiiiO)", a->code, 0, 0, 0, Py_None);
+    }
+}
+
 static PyObject *httpget_get_into(PyObject *Py_UNUSED(module), PyObject *const *args,
                                   Py_ssize_t nargs)
 {
-    if (nargs != 6) {
+    if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "get_into(sslobj, fd, request, offset, buffers, timeout)");
+                        "get_into(sslobj, fd, request, offset, length, buffers, timeout)");
         return NULL;
     }
-    Conn c = {.ssl = NULL, .err = 0, .message = ""};
-    c.fd = PyLong_AsLong(args[1]);
-    if (c.fd == -1 && PyErr_Occurred())
+    Conn c;
+    int usable = conn_from(args[0], args[1], args[6], &c);
+    if (usable < 0)
         return NULL;
     long long offset = PyLong_AsLongLong(args[3]);
     if (offset == -1 && PyErr_Occurred())
         return NULL;
-    double timeout = PyFloat_AsDouble(args[5]);
-    if (timeout == -1.0 && PyErr_Occurred())
+    long long length = PyLong_AsLongLong(args[4]);
+    if (length == -1 && PyErr_Occurred())
         return NULL;
-    if (c.fd < 0 || offset < 0) {
-        PyErr_SetString(PyExc_ValueError, "fd and offset must not be negative");
-        return NULL;
-    }
-    c.timeout_ms = timeout < 0 ? -1 : timeout * 1000.0 >= INT_MAX ? INT_MAX
-                                                                   : (int)(timeout * 1000.0 + 0.999);
-    if (args[0] != Py_None) {
-        PyObject *o = args[0];
-        if (strcmp(Py_TYPE(o)->tp_name, "_ssl._SSLSocket") != 0 ||
-            Py_TYPE(o)->tp_basicsize < (Py_ssize_t)sizeof(SSLSocketHead))
-            return Py_BuildValue("(iiiiO)", NOT_TLS_OBJECT, 0, 0, 0, Py_None);
-        c.ssl = ((SSLSocketHead *)o)->ssl;
-        if (!c.ssl || SSL_get_fd(c.ssl) != c.fd)
-            return Py_BuildValue("(iiiiO)", NOT_TLS_OBJECT, 0, 0, 0, Py_None);
-    }
-    PyObject *seq = PySequence_Fast(args[4], "buffers must be a sequence");
-    if (!seq)
-        return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    if (count < 1 || count > MAX_BUFFERS) {
-        Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "1 to %d buffers", MAX_BUFFERS);
+    if (offset < 0 || length < 1) {
+        PyErr_SetString(PyExc_ValueError, "offset must not be negative, length positive");
         return NULL;
     }
+    if (!usable)
+        return Py_BuildValue("(iiiiO)", NOT_TLS_OBJECT, 0, 0, 0, Py_None);
+    Held h;
+    if (hold_all(args[5], &h) < 0)
+        return NULL;
     Py_buffer request;
     if (PyObject_GetBuffer(args[2], &request, PyBUF_SIMPLE) < 0) {
-        Py_DECREF(seq);
+        release_all(&h);
         return NULL;
     }
-    Py_buffer views[MAX_BUFFERS];
-    Piece pieces[MAX_BUFFERS];
-    Py_ssize_t held = 0;
     PyObject *result = NULL;
-    for (; held < count; held++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &views[held],
-                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
-            goto out;
-        pieces[held].mem = views[held].buf;
-        pieces[held].len = (size_t)views[held].len;
-    }
     char *scratch = PyMem_RawMalloc(HEAD_MAX);
     if (!scratch) {
         PyErr_NoMemory();
-        goto out;
+    } else {
+        Answer a = {.code = 0, .status = 0, .n = 0, .keep = 0, .head = NULL, .head_len = 0};
+        Py_BEGIN_ALLOW_THREADS
+        run(&c, request.buf, (size_t)request.len, offset, length, h.pieces, (size_t)h.held,
+            scratch, &a);
+        Py_END_ALLOW_THREADS
+        PyMem_RawFree(scratch);
+        result = answer_tuple(&a, &c);
+        free(a.head);
+    }
+    PyBuffer_Release(&request);
+    release_all(&h);
+    return result;
+}
+
+static PyObject *httpget_read_body(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                   Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "read_body(sslobj, fd, buffers, count, timeout)");
+        return NULL;
+    }
+    Conn c;
+    int usable = conn_from(args[0], args[1], args[4], &c);
+    if (usable < 0)
+        return NULL;
+    long long count = PyLong_AsLongLong(args[3]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    if (!usable)
+        return Py_BuildValue("(iiiiO)", NOT_TLS_OBJECT, 0, 0, 0, Py_None);
+    Held h;
+    if (hold_all(args[2], &h) < 0)
+        return NULL;
+    if (count < 0 || (unsigned long long)count > h.capacity) {
+        release_all(&h);
+        PyErr_SetString(PyExc_ValueError, "count must be within the buffers");
+        return NULL;
     }
     Answer a = {.code = 0, .status = 0, .n = 0, .keep = 0, .head = NULL, .head_len = 0};
     Py_BEGIN_ALLOW_THREADS
-    run(&c, request.buf, (size_t)request.len, offset, pieces, (size_t)count, scratch, &a);
+    a.code = read_exactly(&c, h.pieces, (size_t)h.held, 0, 0, count, &a.n);
     Py_END_ALLOW_THREADS
-    PyMem_RawFree(scratch);
-    if (a.code == HEAD) {
-        result = Py_BuildValue("(iiiiy#)", HEAD, a.status, 0, a.keep, a.head,
-                               (Py_ssize_t)a.head_len);
-        free(a.head);
-    } else if (a.code == BODY || a.code == BROKEN_BODY) {
-        result = Py_BuildValue("(iiLiO)", a.code, a.status, a.n, a.keep, Py_None);
-    } else if (a.code == SYSTEM) {
-        result = Py_BuildValue("(iiiiO)", a.code, 0, c.err, 0, Py_None);
-    } else if (a.code == TLS || a.code == BAD_HEAD) {
-        result = Py_BuildValue("(iiiis)", a.code, 0, 0, 0, c.message);
-    } else {
-        result = Py_BuildValue("(iiiiO)", a.code, 0, 0, 0, Py_None);
+    if (a.code == 0) {
+        a.code = BODY;
+        a.n = count;
     }
-out:
-    for (Py_ssize_t i = 0; i < held; i++)
-        PyBuffer_Release(&views[i]);
-    PyBuffer_Release(&request);
-    Py_DECREF(seq);
-    return result;
+    release_all(&h);
+    return answer_tuple(&a, &c);
 }
 
 static PyMethodDef httpget_methods[] = {
     {"get_into", (PyCFunction)(void (*)(void))httpget_get_into, METH_FASTCALL,
-     "get_into(sslobj, fd, request, offset, buffers, timeout) -> (code, status, n, keep, head)"},
+     "get_into(sslobj, fd, request, offset, length, buffers, timeout) -> "
+     "(code, status, n, keep, head)"},
+    {"read_body", (PyCFunction)(void (*)(void))httpget_read_body, METH_FASTCALL,
+     "read_body(sslobj, fd, buffers, count, timeout) -> (code, 0, n, 0, message)"},
     {NULL, NULL, 0, NULL},
 };
 

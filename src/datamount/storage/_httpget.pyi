@@ -22,7 +22,11 @@ def get_into(
     fd: int,
     request: Buffer,
     offset: int,
+    length: int,
     buffers: Sequence[Buffer],
     timeout: float,
     /,
+) -> tuple[int, int, int, int, Any]: ...
+def read_body(
+    sslobj: object | None, fd: int, buffers: Sequence[Buffer], count: int, timeout: float, /
 ) -> tuple[int, int, int, int, Any]: ...

@@ -335,8 +335,11 @@ class RawClient:
         The GET runs in C without the GIL (storage.nativeget) where it can."""
         length = sum(map(len, buffers))
         if self.pool.native and len(buffers) <= nativeget.MAX_BUFFERS:
-            n = self._native_get(key, offset, length, buffers, etag, timeout)
-            if n is not None:
+            opened = self._native_open(key, offset, length, buffers, etag, timeout)
+            if opened is not None:
+                conn, n, keep, _ = opened  # the buffers hold the whole body
+                if conn is not None:
+                    self._release(conn, keep)
                 return n
         conn, resp, n = self._open_range(key, offset, length, etag, timeout)
         if n == 0:
@@ -354,7 +357,7 @@ class RawClient:
         self._done(conn, resp)
         return n
 
-    def _native_get(
+    def _native_open(
         self,
         key: str,
         offset: int,
@@ -362,10 +365,14 @@ class RawClient:
         buffers: Sequence[memoryview],
         etag: str | None,
         timeout: float,
-    ) -> int | None:
-        """`get_into_views` by nativeget: what `_send`, `_open_range` and the
-        body's reads do, the same checks and errors; None when the
-        connection cannot take it (nothing was sent; the pool stops trying)."""
+    ) -> tuple[http.client.HTTPConnection | None, int, bool, bytes] | None:
+        """GET [offset, offset+length) by nativeget: what `_send` and
+        `_open_range` do, the same checks and errors. (the connection, the
+        body's length, whether to keep the connection once the body is read,
+        the body's bytes read past `buffers`), the first bytes of the body in
+        `buffers`; (None, 0, False, b"") for no body, the connection
+        released; None when the connection cannot take it (nothing was sent;
+        the pool stops trying)."""
         headers = self._range_headers(offset, length, etag)
         path = self.path(key)
         self.auth.sign("GET", path, [], headers)
@@ -373,11 +380,10 @@ class RawClient:
         sent = {**headers, **pool.forward_headers} if pool.forward else headers
         conn = pool.get(timeout)
         try:
-            request = request_head(
-                "GET", pool.target_prefix + self._url(path, []), pool.host_header, sent
-            )
+            target = pool.target_prefix + self._url(path, [])
+            request = request_head("GET", target, pool.host_header, sent)
             assert conn.sock is not None
-            answer = nativeget.get_into(conn.sock, request, offset, buffers, timeout)
+            answer = nativeget.get_into(conn.sock, request, offset, length, buffers, timeout)
         except BaseException:
             conn.close()
             raise
@@ -386,19 +392,21 @@ class RawClient:
             pool.put(conn)
             return None
         status, n, keep, answered = answer
+        if isinstance(answered, bytes):  # a body
+            for hook in self.hooks:
+                hook("GET", path, headers, status)
+            return conn, n, keep, answered
         if keep:
             pool.put(conn)
         else:
             conn.close()
-        if answered is not None and status == 407 and pool.proxy is not None:
-            raise proxies.refused(pool.proxy, f"{pool.host}:{pool.port}", 407, answered[0])
+        reason, found = answered
+        if status == 407 and pool.proxy is not None:  # only a proxy answers 407
+            raise proxies.refused(pool.proxy, f"{pool.host}:{pool.port}", 407, reason)
         for hook in self.hooks:
             hook("GET", path, headers, status)
-        if answered is None:  # the body is in the buffers
-            return n
-        found = answered[1]
         if status == 416:  # at or after the end, or a 0-byte blob
-            return 0
+            return None, 0, False, b""
         if status >= 300:
             lower = {k.lower(): v for k, v in found.items()}
             raise error_for_status(
@@ -411,10 +419,16 @@ class RawClient:
             )
         # A 2xx the C side did not take as the range asked: what the checks say of it.
         if _body_length(status, found, key, offset, length) == 0:
-            return 0
+            return None, 0, False, b""
         raise http.client.HTTPException(
             f"an answer to a range GET framed as no blob's is ({status})"
         )
+
+    def _release(self, conn: http.client.HTTPConnection, keep: bool) -> None:
+        if keep:
+            self.pool.put(conn)
+        else:
+            conn.close()
 
     def get_pieces(
         self,
@@ -430,7 +444,13 @@ class RawClient:
         """GET [offset, offset+length) in one request, read through `buffer`
         a piece at a time, each handed to `sink(piece, position)` before the
         next is read (the socket timeout bounds each read, as in
-        `get_into_views`); the byte count (short at the end)."""
+        `get_into_views`); the byte count (short at the end). The GET runs
+        in C without the GIL (storage.nativeget) where it can."""
+        if self.pool.native and len(buffer):
+            first = buffer[: min(len(buffer), length)]
+            opened = self._native_open(key, offset, length, [first], etag, timeout)
+            if opened is not None:
+                return self._native_pieces(opened, offset, buffer, sink, timeout)
         conn, resp, n = self._open_range(key, offset, length, etag, timeout)
         if n == 0:
             return 0
@@ -445,6 +465,40 @@ class RawClient:
             conn.close()
             raise
         self._done(conn, resp)
+        return n
+
+    def _native_pieces(
+        self,
+        opened: tuple[http.client.HTTPConnection | None, int, bool, bytes],
+        offset: int,
+        buffer: memoryview,
+        sink: Callable[[memoryview, int], None],
+        timeout: float,
+    ) -> int:
+        """The rest of `get_pieces` after `_native_open`: the first piece is in
+        `buffer`, then the body's bytes read past it, then the socket."""
+        conn, n, keep, spill = opened
+        if conn is None:
+            return 0
+        try:
+            step = len(buffer)
+            done = min(step, n)
+            sink(buffer[:done], offset)
+            while done < n:
+                piece = buffer[: min(step, n - done)]
+                taken = min(len(spill), len(piece))
+                if taken:
+                    piece[:taken] = spill[:taken]
+                    spill = spill[taken:]
+                if taken < len(piece):
+                    assert conn.sock is not None
+                    nativeget.read_body(conn.sock, piece[taken:], timeout)
+                sink(piece, offset + done)
+                done += len(piece)
+        except BaseException:
+            conn.close()
+            raise
+        self._release(conn, keep)
         return n
 
     def get_bytes(

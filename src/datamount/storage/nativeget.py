@@ -1,7 +1,8 @@
-"""The ranged GET of RawClient.get_into_views outside the interpreter: the
+"""The ranged GETs of RawClient outside the interpreter: the
 request's head goes out, the answer's head is read and parsed, and its body
 lands in the caller's buffers, all in C (`_httpget.get_into`) with the GIL
-released. The Python GET held the GIL about 0.16–0.22 ms per small blob
+released; a span longer than the buffer goes on a buffer at a time
+(`read_body`). The Python GET held the GIL about 0.16–0.22 ms per small blob
 (sending, reading the status line and headers, one Python call per 16 KiB TLS
 record); this one holds it for the call alone (docs/design/storage.md,
 "The native GET").
@@ -33,9 +34,10 @@ from datamount.storage.http_response import Headers, read_headers
 MAX_BUFFERS = 64  # _httpget's limit on the buffers of one call
 TLS_USABLE = _httpget.OPENSSL_VERSION_NUMBER == ssl.OPENSSL_VERSION_NUMBER
 
-# (status, body bytes read, the connection may carry the next request, the
-# reason and headers of an answer left to Python, or None)
-Answer = tuple[int, int, bool, tuple[str, Headers] | None]
+# (status, the body's length, the connection may carry the next request once
+# the body is read, then either the reason and headers of an answer left to
+# Python, or for a body: its bytes read past the buffers, b"" for none)
+Answer = tuple[int, int, bool, tuple[str, Headers] | bytes]
 
 
 def answer_head(head: bytes) -> tuple[str, Headers]:
@@ -46,37 +48,60 @@ def answer_head(head: bytes) -> tuple[str, Headers]:
     return reason, read_headers(io.BytesIO(rest))
 
 
+def _tls(sock: socket.socket) -> tuple[bool, object | None]:
+    """(the native GET can use `sock`, its TLS object or None for plain TCP)."""
+    if isinstance(sock, ssl.SSLSocket):
+        sslobj = sock._sslobj  # type: ignore[attr-defined]
+        return TLS_USABLE and sslobj is not None, sslobj
+    return True, None
+
+
 def get_into(
-    sock: socket.socket, request: bytes, offset: int, buffers: Sequence[memoryview], timeout: float
+    sock: socket.socket,
+    request: bytes,
+    offset: int,
+    length: int,
+    buffers: Sequence[memoryview],
+    timeout: float,
 ) -> Answer | None:
-    """Send `request` on `sock` and read the answer, its body into `buffers`
-    when it is the range from `offset`; None when this socket cannot take it
+    """Send `request` on `sock` and read the answer: when it is at most
+    `length` bytes from `offset`, its body, as much as fits, into `buffers`
+    (the rest with `read_body`); None when this socket cannot take it
     (nothing sent). Failures raise what http.client and the ssl module raise
     for them: TimeoutError, RemoteDisconnected, OSError, SSLError,
     HTTPException, IncompleteRead."""
-    if isinstance(sock, ssl.SSLSocket):
-        sslobj = sock._sslobj  # type: ignore[attr-defined]
-        if not TLS_USABLE or sslobj is None:
-            return None
-    else:
-        sslobj = None
+    usable, sslobj = _tls(sock)
+    if not usable:
+        return None
     code, status, n, keep, head = _httpget.get_into(
-        sslobj, sock.fileno(), request, offset, buffers, timeout
+        sslobj, sock.fileno(), request, offset, length, buffers, timeout
     )
     if code == _httpget.BODY:
-        return status, n, bool(keep), None
+        return status, n, bool(keep), head or b""
     if code == _httpget.HEAD:
         return status, 0, bool(keep), answer_head(head)
     if code == _httpget.NOT_TLS_OBJECT:
         return None
+    raise _failure(code, n, head)
+
+
+def read_body(sock: socket.socket, view: memoryview, timeout: float) -> None:
+    """The next len(view) bytes of the body `get_into` began, into `view`."""
+    _, sslobj = _tls(sock)
+    code, _, n, _, message = _httpget.read_body(sslobj, sock.fileno(), [view], len(view), timeout)
+    if code != _httpget.BODY:
+        raise _failure(code, n, message)
+
+
+def _failure(code: int, n: int, message: str | None) -> Exception:
     if code == _httpget.TIMEOUT:
-        raise TimeoutError("timed out")
+        return TimeoutError("timed out")
     if code == _httpget.CLOSED:
-        raise http.client.RemoteDisconnected("Remote end closed connection without response")
+        return http.client.RemoteDisconnected("Remote end closed connection without response")
     if code == _httpget.SYSTEM:
-        raise OSError(n, os.strerror(n))  # the errno's own class: ConnectionResetError...
+        return OSError(n, os.strerror(n))  # the errno's own class: ConnectionResetError...
     if code == _httpget.TLS:
-        raise ssl.SSLError(head)
+        return ssl.SSLError(message)
     if code == _httpget.BROKEN_BODY:
-        raise http.client.IncompleteRead(b"", n)
-    raise http.client.HTTPException(head or f"native GET failed ({code})")
+        return http.client.IncompleteRead(b"", n)
+    return http.client.HTTPException(message or f"native GET failed ({code})")
