@@ -305,12 +305,6 @@ def _data_offset(file_size: int, header: int, data: int) -> int:
     return -1
 
 
-def _write_all(fd: int, view: memoryview, offset: int) -> None:
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
-
-
 def _writev_all(fd: int, views: list[memoryview], offset: int) -> None:
     """pwritev of `views` at `offset`, again from where a short write stopped."""
     while views:
