@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
+import functools
 import http.server
 import random
 import socket
@@ -23,7 +24,7 @@ from azure.storage.blob import ContainerClient, ContainerSasPermissions, generat
 
 from azurite import ACCOUNT, KEY, Azurite
 from datamount.errors import AccessDenied, StorageError, VersionChanged
-from datamount.storage import open_store
+from datamount.storage import _httpget, open_store
 from datamount.storage.azure_blob import AzureBlobStore
 from datamount.storage.base import ObjectInfo
 from datamount.storage.credentials import Credential, CredentialKind
@@ -556,3 +557,53 @@ def test_read_span_sink_errors_are_raised_unchanged_and_not_retried(
     assert len(state.ranges) == 1 and policy.stats.retries == 0
     assert store.read("b", 10, 20) == DATA[10:30]  # the pool is still usable
     store.close()
+
+
+@pytest.mark.azurite
+def test_the_native_and_the_python_get_agree_and_a_refused_socket_falls_back(
+    azurite_https: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over HTTPS: reads into views, spans and a changed version's 412 give
+    the same bytes, requests and errors by the native GET and by Python; a
+    connection the native side refuses (not the ssl module's own object) is
+    read in Python, nothing sent twice, and the pool stops trying."""
+    az = azurite_https
+    container = az.create_container("both-paths")
+    container.upload_blob("p/blob", DATA)
+    results = {}
+    for native in (True, False):
+        store = AzureBlobStore(
+            az.endpoint, container.container_name, Credential.account_key(az.key),
+            account=az.account, retry=fast_retry(), ca_bundle=az.tls.ca if az.tls else None,
+        )  # fmt: skip
+        store.raw.pool.native = native
+        seen = Requests(store)
+        etag = store.stat("p/blob").etag
+        views = [buffer(70_000), buffer(5)]
+        n = store.read_into_views("p/blob", 11, views, etag=etag)
+        pieces: list[tuple[int, bytes]] = []
+        sink = functools.partial(lambda got, v, p: got.append((p, bytes(v))), pieces)
+        span = store.read_span("p/blob", 5, SIZE - 5, buffer(300_000), sink, etag=etag)
+        with pytest.raises(VersionChanged):
+            store.read_into("p/blob", 0, buffer(10), etag='"0x8D000000000000"')
+        results[native] = (n, b"".join(views), span, pieces, seen.seen)
+        assert store.raw.pool.native == native
+        store.close()
+    assert results[True] == results[False]
+    n, data, span, pieces, seen = results[True]
+    assert (n, data) == (70_005, DATA[11:70_016])
+    assert span == SIZE - 5 and b"".join(p for _, p in pieces) == DATA[5:]
+    assert [p for p, _ in pieces] == list(range(5, SIZE, 300_000))
+    assert [s for _, _, s in seen] == [200, 206, 206, 412]  # HEAD, GET, span, changed
+
+    monkeypatch.setattr(_httpget, "get_into", lambda *a: (_httpget.NOT_TLS_OBJECT, 0, 0, 0, None))
+    store = AzureBlobStore(
+        az.endpoint, container.container_name, Credential.account_key(az.key),
+        account=az.account, retry=fast_retry(), ca_bundle=az.tls.ca if az.tls else None,
+    )  # fmt: skip
+    seen = Requests(store)
+    view = buffer(1000)
+    assert store.read_into("p/blob", 7, view) == 1000 and view == DATA[7:1007]
+    assert store.raw.pool.native is False and len(seen.seen) == 1
+    store.close()
+    container.delete_container()
