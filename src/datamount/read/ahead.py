@@ -176,24 +176,17 @@ class FileAhead:
                 self._waiting = False
                 if self._closed:
                     return
-                # Every event queued: the native loop's opens come in batches,
-                # and one pump after the batch fetches what they made room for.
-                events = list(self._events)
-                self._events.clear()
+                kind, what = self._events.popleft()
                 self._idle = False
-            for kind, what in events:
-                try:
-                    if isinstance(what, str):
-                        self._on_open(what)
-                    else:
-                        assert isinstance(what, tuple)
-                        self._on_hint(list(what[0]), bool(what[1]))
-                except Exception:  # never lose the worker: it only prefetches
-                    log.exception("file-ahead prefetch of %s failed", kind)
             try:
+                if isinstance(what, str):
+                    self._on_open(what)
+                else:
+                    assert isinstance(what, tuple)
+                    self._on_hint(list(what[0]), bool(what[1]))
                 self._pump()
-            except Exception:
-                log.exception("file-ahead prefetch failed")
+            except Exception:  # never lose the worker: it only prefetches
+                log.exception("file-ahead prefetch of %s failed", kind)
 
     def _on_open(self, rel: str) -> None:
         used, skipped = self.plan.opened(rel)
