@@ -25,6 +25,7 @@ response was read to its end.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import re
 import select
@@ -182,6 +183,27 @@ def _body_length(
     if not 0 <= n <= length:
         raise http.client.HTTPException("range longer than asked")
     return n
+
+
+def _pieces(
+    n: int,
+    offset: int,
+    buffer: memoryview,
+    sink: Callable[[memoryview, int], None],
+    fill: Callable[[memoryview], None],
+    first: int = 0,
+) -> None:
+    """A body of `n` bytes from `offset` through `buffer`: each piece filled by
+    `fill`, then handed to `sink(piece, position)`; the `first` bytes are
+    already in `buffer`."""
+    if first:
+        sink(buffer[:first], offset)
+    done, step = first, len(buffer)
+    while done < n:
+        piece = buffer[: min(step, n - done)]
+        fill(piece)
+        sink(piece, offset + done)
+        done += len(piece)
 
 
 class RawClient:
@@ -455,12 +477,7 @@ class RawClient:
         if n == 0:
             return 0
         try:
-            done, step = 0, len(buffer)
-            while done < n:
-                piece = buffer[: min(step, n - done)]
-                _fill(resp, piece)
-                sink(piece, offset + done)
-                done += len(piece)
+            _pieces(n, offset, buffer, sink, functools.partial(_fill, resp))
         except BaseException:
             conn.close()
             raise
@@ -480,21 +497,19 @@ class RawClient:
         conn, n, keep, spill = opened
         if conn is None:
             return 0
+        sock = conn.sock
+        assert sock is not None
+
+        def fill(piece: memoryview) -> None:
+            nonlocal spill
+            taken = min(len(spill), len(piece))
+            piece[:taken] = spill[:taken]
+            spill = spill[taken:]
+            if taken < len(piece):
+                nativeget.read_body(sock, piece[taken:], timeout)
+
         try:
-            step = len(buffer)
-            done = min(step, n)
-            sink(buffer[:done], offset)
-            while done < n:
-                piece = buffer[: min(step, n - done)]
-                taken = min(len(spill), len(piece))
-                if taken:
-                    piece[:taken] = spill[:taken]
-                    spill = spill[taken:]
-                if taken < len(piece):
-                    assert conn.sock is not None
-                    nativeget.read_body(conn.sock, piece[taken:], timeout)
-                sink(piece, offset + done)
-                done += len(piece)
+            _pieces(n, offset, buffer, sink, fill, first=min(len(buffer), n))
         except BaseException:
             conn.close()
             raise
