@@ -210,23 +210,31 @@ def test_a_range_not_the_one_asked_is_left_to_python(serve) -> None:
     assert isinstance(get(sock, 0, views(3)[1])[3], tuple)
 
 
-def test_a_body_cut_short_is_an_incomplete_read_of_what_is_missing(serve) -> None:
-    def short(conn: socket.socket) -> None:
-        head = b"HTTP/1.1 206 P\r\nContent-Length: 100\r\nContent-Range: bytes 0-99/100\r\n\r\n"
-        conn.sendall(head + b"x" * 60)
-        # over TLS a ragged end: the TCP connection closes without close_notify
-        (conn.unwrap() if isinstance(conn, ssl.SSLSocket) else conn).shutdown(socket.SHUT_RDWR)
+def hang_up(conn: socket.socket) -> None:
+    """End the connection (over TLS its close_notify first, then TCP's)."""
+    (conn.unwrap() if isinstance(conn, ssl.SSLSocket) else conn).shutdown(socket.SHUT_RDWR)
 
-    sock = serve(short)
+
+def cut_short(length: int, sent: int) -> Step:
+    """A 206 of `length` bytes from offset 0, of which `sent` go out before the end."""
+
+    def send(conn: socket.socket) -> None:
+        head = f"HTTP/1.1 206 P\r\nContent-Length: {length}\r\n"
+        head += f"Content-Range: bytes 0-{length - 1}/{length}\r\n\r\n"
+        conn.sendall(head.encode() + b"x" * sent)
+        hang_up(conn)
+
+    return send
+
+
+def test_a_body_cut_short_is_an_incomplete_read_of_what_is_missing(serve) -> None:
+    sock = serve(cut_short(100, 60))
     with pytest.raises(http.client.IncompleteRead) as info:
         get(sock, 0, views(100)[1])
     assert info.value.expected == 40
 
 
 def test_a_close_before_the_head_is_remote_disconnected(serve) -> None:
-    def hang_up(conn: socket.socket) -> None:
-        (conn.unwrap() if isinstance(conn, ssl.SSLSocket) else conn).shutdown(socket.SHUT_RDWR)
-
     sock = serve(hang_up)
     with pytest.raises(http.client.RemoteDisconnected):
         get(sock, 0, views(4)[1])
@@ -320,12 +328,7 @@ def test_a_span_longer_than_the_buffer_goes_on_a_buffer_at_a_time(serve) -> None
 
 
 def test_a_span_cut_short_is_an_incomplete_read_of_what_is_missing(serve) -> None:
-    def short(conn: socket.socket) -> None:
-        head = b"HTTP/1.1 206 P\r\nContent-Length: 100000\r\nContent-Range: bytes 0-99999/100000\r\n\r\n"
-        conn.sendall(head + b"x" * 60_000)
-        (conn.unwrap() if isinstance(conn, ssl.SSLSocket) else conn).shutdown(socket.SHUT_RDWR)
-
-    sock = serve(short)
+    sock = serve(cut_short(100_000, 60_000))
     status, n, _, spill = get(sock, 0, [memoryview(bytearray(100))], length=100_000)
     assert (status, n) == (206, 100_000)
     assert isinstance(spill, bytes)
