@@ -22,8 +22,8 @@ chunked, relayed as they arrive). Rules, each consumed as it fires:
   level: connections refused, open ones reset, then served again on the
   same port.
 
-`requests` records (method, path, range, status) of every answer, `reset()`
-forgets them. Threads: the accept loop and one daemon thread per client
+`requests` records (method, path, range, status) of every answer before it
+is sent, `reset()` forgets them. Threads: the accept loop and one daemon thread per client
 connection; `close()` stops them all. Imports only the standard library.
 """
 
@@ -402,6 +402,9 @@ class FaultProxy:
             code, reason = "AuthorizationPermissionMismatch", "Forbidden"
             body = _error_body(code, "Injected by faultproxy: no permission.")
             extra = ""
+        # Recorded before it is sent: a client may act on the answer (and the
+        # test look at `requests`) before this thread runs again.
+        self._record(head, status, action)
         client.sendall(
             (
                 f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
@@ -409,7 +412,6 @@ class FaultProxy:
             ).encode()
             + body
         )
-        self._record(head, status, action)
 
     def _relay_response(
         self, client: socket.socket, request: _Head, up_file: BinaryIO, *, reset: bool
@@ -421,17 +423,21 @@ class FaultProxy:
             if head is None:
                 raise ConnectionError("upstream closed before answering")
             status = int(head.first.split()[1])
-            client.sendall(head.raw())
             if not 100 <= status < 200 or status == 101:
                 break
+            client.sendall(head.raw())
         no_body = method == b"HEAD" or status in (204, 304) or 100 <= status < 200
         framed = head.chunked or head.get("content-length") is not None
-        if reset and not no_body and framed:
+        resetting = reset and not no_body and framed
+        # Recorded before the answer goes out: a client may act on it (and the
+        # test look at `requests`) before this thread runs again.
+        self._record(request, status, "reset" if resetting else "")
+        client.sendall(head.raw())
+        if resetting:
             length = int(head.get("content-length") or 2 * CHUNK)
             _relay_body(head, up_file, client.sendall, limit=length // 2)
             # SO_LINGER 0: close() sends RST, the reader sees a reset mid-body.
             client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self._record(request, status, "reset")
             return False
         if no_body:
             pass
@@ -440,7 +446,5 @@ class FaultProxy:
         else:  # delimited by the upstream closing the connection
             while data := up_file.read(CHUNK):
                 client.sendall(data)
-            self._record(request, status)
             return False
-        self._record(request, status)
         return not head.closes
